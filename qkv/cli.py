@@ -6,6 +6,7 @@ Errors a user can fix are printed as one line and exit with status 2; ``--debug`
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 
@@ -36,6 +37,256 @@ def doctor(args: argparse.Namespace) -> int:
     failed = sum(not r.passed for r in results)
     print(f"{len(results) - failed}/{len(results)} checks passed")
     return 1 if failed else 0
+
+
+def _explain_args(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--json", metavar="FILE", help='inputs {"q": [[..]], "k": [[..]], "v": [[..]], "mask": ..}')
+    source.add_argument("--random", action="store_true", help="seeded random inputs sized by --m --n --d-k --d-v")
+    p.add_argument("--m", type=int, help="with --random: number of queries (default 2)")
+    p.add_argument("--n", type=int, help="with --random: number of keys and values (default 3)")
+    p.add_argument("--d-k", type=int, help="with --random: query/key width (default 4)")
+    p.add_argument("--d-v", type=int, help="with --random: value width (default 2)")
+    p.add_argument("--mask", help="'causal', a keep pattern over the keys such as 1,1,0, or a JSON m x n matrix")
+    p.add_argument("--heads", type=int, help="also show multi-head attention with this many heads")
+    p.add_argument("--head-d-k", type=int, help="per-head query/key width (default ceil(d_model / heads))")
+    p.add_argument("--head-d-v", type=int, help="per-head value width (default: the per-head d_k)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random inputs and the projections")
+    p.add_argument("--precision", type=int, default=4, help="decimals printed (default 4)")
+
+
+@command("explain", "attention step by step on concrete numbers (default: the tutorials' example)", _explain_args)
+def explain_command(args: argparse.Namespace) -> int:
+    from qkv.explain import WORKED_EXAMPLE, explain, format_explanation, load_inputs, random_inputs
+
+    sizes = {"m": args.m, "n": args.n, "d_k": args.d_k, "d_v": args.d_v}
+    if not args.random and any(size is not None for size in sizes.values()):
+        raise ValueError("--m, --n, --d-k and --d-v set the sizes of --random inputs; add --random")
+    mask = None
+    if args.json:
+        q, k, v, mask = load_inputs(args.json)
+    elif args.random:
+        defaults = {"m": 2, "n": 3, "d_k": 4, "d_v": 2}
+        sizes = {key: defaults[key] if size is None else size for key, size in sizes.items()}
+        q, k, v = random_inputs(**sizes, seed=args.seed)
+    else:
+        q, k, v = WORKED_EXAMPLE["q"], WORKED_EXAMPLE["k"], WORKED_EXAMPLE["v"]
+    if args.mask is not None:
+        mask = args.mask  # the command line overrides a mask in the JSON file
+    expl = explain(
+        q, k, v, mask=mask, heads=args.heads, head_d_k=args.head_d_k, head_d_v=args.head_d_v, seed=args.seed
+    )
+    print(format_explanation(expl, precision=args.precision))
+    return 0
+
+def parse_duration(text: str) -> float:
+    """'90s', '45m', '1.5h' or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise ValueError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
+
+
+def parse_overrides(pairs: list[str] | None) -> dict:
+    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="run directory (checkpoints, log.jsonl, curves.png)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from RUN_DIR/last")
+    p.add_argument("--preset", default="multi30k", help="training recipe: " + ", ".join(sorted(_train_presets())))
+    p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
+    p.add_argument("--tgt", help="target language")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else download to a cache)")
+    p.add_argument("--train-src", help="your own training data: source file (or a TSV with both sides)")
+    p.add_argument("--train-tgt", help="your own training data: target file")
+    p.add_argument("--valid-src", help="validation source file (default: hold out part of the training data)")
+    p.add_argument("--valid-tgt", help="validation target file")
+    p.add_argument("--time-budget", type=parse_duration, help="stop training after this wall-clock time (e.g. 60m)")
+    p.add_argument("--max-steps", type=int, help="stop after this many updates")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="model config overrides, e.g. norm_first=true")
+    p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
+    p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
+
+
+def _train_presets() -> list[str]:
+    from qkv.train import TRAIN_PRESETS
+
+    return list(TRAIN_PRESETS)
+
+
+@command("train", "train a translation model (Multi30k or your own parallel text)", _train_args)
+def train(args: argparse.Namespace) -> int:
+    from qkv.train import Trainer, build_configs
+
+    train_overrides = parse_overrides(args.train)
+    for key, value in [("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed)]:
+        if value is not None:
+            train_overrides[key] = value
+    if args.resume:
+        trainer = Trainer.resume(args.resume, **train_overrides)
+    else:
+        if not args.out:
+            raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
+        data = parse_overrides(args.data)
+        for key, value in [
+            ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
+            ("train_src", args.train_src), ("train_tgt", args.train_tgt),
+            ("valid_src", args.valid_src), ("valid_tgt", args.valid_tgt),
+        ]:
+            if value is not None:
+                data[key] = value
+        if args.train_src:
+            data["corpus"] = "files"
+        model_cfg, train_cfg, data_cfg = build_configs(
+            args.preset, model=parse_overrides(args.model), train=train_overrides, data=data
+        )
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg)
+    print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs -> {trainer.run_dir}", file=sys.stderr)
+    try:
+        result = trainer.run(progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"interrupted: saved {trainer.run_dir / 'last'}; continue with qkv train --resume {trainer.run_dir}", file=sys.stderr)
+        return 130
+    final = result.final
+    print(f"stopped after {result.step} steps ({result.stopped_because})")
+    print(f"final (averaged) checkpoint: {result.run_dir / 'final'}")
+    print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
+    return 0
+
+
+def _decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
+    p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch (times the beam)")
+
+
+def _decode_config(args: argparse.Namespace, n_best: int = 1):
+    from qkv.decode import DecodeConfig
+
+    return DecodeConfig(
+        beam_size=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, n_best=n_best,
+    )
+
+
+def _translate_args(p: argparse.ArgumentParser) -> None:
+    _decode_args(p)
+    p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
+    p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
+    p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
+
+
+@command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
+def translate(args: argparse.Namespace) -> int:
+    from qkv.translate import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens * args.beam)
+    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    # Interactive input is answered line by line; files and pipes are batched for speed.
+    chunk = 1 if source.isatty() else 256
+    try:
+        lines = (line.rstrip("\n") for line in source)
+        buffer: list[str] = []
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) >= chunk:
+                _write_translations(translator, buffer, sink, args.n_best)
+                buffer = []
+        if buffer:
+            _write_translations(translator, buffer, sink, args.n_best)
+    finally:
+        if args.input:
+            source.close()
+        if args.output:
+            sink.close()
+    return 0
+
+
+def _write_translations(translator, lines: list[str], sink, n_best: int) -> None:
+    for nbest in translator.translate_nbest(lines):
+        if n_best == 1:
+            sink.write(nbest[0].text + "\n")
+        else:
+            sink.write("\t".join(f"{t.text}\t{t.score:.4f}" for t in nbest) + "\n")
+    sink.flush()
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    _decode_args(p)
+    p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
+    p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
+    p.add_argument("--ref-file", help="reference translations for --src-file")
+    p.add_argument("--save", help="also write the translations to this file")
+
+
+@command("evaluate", "translate a test set and score it with sacreBLEU (BLEU, lowercased BLEU, chrF)", _evaluate_args)
+def evaluate(args: argparse.Namespace) -> int:
+    import time
+
+    from qkv import checkpoint
+    from qkv.data import load_multi30k, read_parallel
+    from qkv.evaluate import format_scores, score
+    from qkv.translate import Translator
+
+    loaded = checkpoint.load(args.checkpoint)
+    if args.src_file or args.ref_file:
+        if not (args.src_file and args.ref_file):
+            raise ValueError("give both --src-file and --ref-file")
+        corpus = read_parallel(args.src_file, args.ref_file)
+    else:
+        data = loaded.config.get("data", {})
+        src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
+        corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
+    translator = Translator(loaded.model, loaded.tokenizer, _decode_config(args), max_tokens=args.batch_tokens * args.beam)
+    started = time.perf_counter()
+    hypotheses = translator.translate(corpus.src)
+    seconds = time.perf_counter() - started
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as handle:
+            handle.writelines(h + "\n" for h in hypotheses)
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {loaded.path}, beam {args.beam}, length penalty {args.length_penalty}, {seconds:.1f}s")
+    print(format_scores(score(hypotheses, corpus.tgt)))
+    return 0
+
+
+def _average_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
+    p.add_argument("--out", required=True, help="where to write the averaged checkpoint")
+
+
+@command("average", "average the weights of several checkpoints into one", _average_args)
+def average(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from qkv import checkpoint
+
+    first = checkpoint.load(args.checkpoints[0])
+    weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
+    configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
+    checkpoint.save(Path(args.out), first.model, first.tokenizer, configs=configs, state_dict=weights)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

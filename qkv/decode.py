@@ -1,0 +1,178 @@
+"""Search: greedy and beam search over a trained ``Transformer``, batched, with the key/value cache.
+
+Dimension legend: B sentences, K beam size, S source length, V vocabulary size.
+
+Both searches encode the source once, then call ``model.decode`` one token at a time with a
+``DecoderState``. Sentences that are finished are dropped from the batch, so the cost of a batch
+follows its live sentences, not its longest one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.config import config_from_dict
+from qkv.model import Transformer
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to search. The maximum output length is ``max_len_a * source_length + max_len_b``."""
+
+    beam_size: int = 5
+    length_penalty: float = 0.6  # alpha of GNMT's ((5 + length) / 6) ** alpha; 0 disables it
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    n_best: int = 1
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        if self.length_penalty < 0:
+            raise ValueError(f"length_penalty must be >= 0, got {self.length_penalty}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DecodeConfig:
+        return config_from_dict(cls, data)
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS, without EOS
+    score: float  # length-normalised log-probability (the ranking key)
+    log_prob: float  # total log-probability, EOS included
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normaliser ((5 + length) / 6) ** alpha (Wu et al., 2016); 1 when alpha is 0."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_length(model: Transformer, src_len: int, config: DecodeConfig) -> int:
+    return max(1, min(int(config.max_len_a * src_len + config.max_len_b), model.config.max_len - 1))
+
+
+def beam_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``k`` best one-token extensions of each sentence's beams, best first.
+
+    scores: (B, K) total log-probability of each live beam (-inf for an unused slot);
+    log_probs: (B, K, V) next-token log-probabilities. Returns the candidates' total scores (B, k),
+    the beam each extends (B, k) and the token it appends (B, k).
+    """
+    B, K, V = log_probs.shape
+    total = (scores[:, :, None] + log_probs).view(B, K * V)  # (B, K*V)
+    top, flat = total.topk(k, dim=-1)
+    return top, flat // V, flat % V
+
+
+def _start(model: Transformer, src: Tensor, bos_id: int, repeat: int):
+    """Encode ``src`` and repeat each sentence's memory ``repeat`` times (one row per beam)."""
+    memory, src_mask, _ = model.encode(src)
+    memory = memory.repeat_interleave(repeat, dim=0)  # (B, S, D) -> (B*K, S, D)
+    src_mask = src_mask.repeat_interleave(repeat, dim=0)
+    tokens = torch.full((src.size(0) * repeat, 1), bos_id, dtype=torch.long, device=src.device)
+    return memory, src_mask, model.new_state(), tokens
+
+
+@torch.inference_mode()
+def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig) -> list[list[int]]:
+    """The most likely next token at every step. src: (B, S). Returns token lists without BOS/EOS."""
+    B = src.size(0)
+    memory, src_mask, state, last = _start(model, src, bos_id, 1)
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
+    for _ in range(max_output_length(model, src.size(1), config)):
+        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
+        next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
+        for row, sentence in enumerate(alive.tolist()):
+            if next_tokens[row] != eos_id:
+                outputs[sentence].append(int(next_tokens[row]))
+        keep = (next_tokens != eos_id).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        if keep.numel() < alive.numel():
+            alive, memory, src_mask = alive[keep], memory[keep], src_mask[keep]
+            state.reorder(keep)
+        last = next_tokens[keep, None]  # (b, 1)
+    return outputs
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig
+) -> list[list[Hypothesis]]:
+    """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
+
+    Each step takes the 2K best extensions of a sentence's K beams: those ending in EOS among the
+    first K become finished hypotheses, and the best K that do not end in EOS stay live. A sentence
+    is done when it has K finished hypotheses or reaches the maximum length.
+    """
+    B, K = src.size(0), config.beam_size
+    max_len = max_output_length(model, src.size(1), config)
+    memory, src_mask, state, last = _start(model, src, bos_id, K)
+    scores = torch.full((B, K), float("-inf"), device=src.device)
+    scores[:, 0] = 0.0  # all beams start identical: only the first may extend, or they would repeat
+    history = torch.empty(B, K, 0, dtype=torch.long, device=src.device)  # (b, K, t) tokens so far
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    alive = list(range(B))  # sentence index of each live row group
+
+    for step in range(max_len):
+        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b*K, 1, V)
+        log_probs = logits[:, -1].float().log_softmax(dim=-1).view(len(alive), K, -1)  # (b, K, V)
+        top, beam, token = beam_candidates(scores, log_probs, min(2 * K, log_probs.size(1) * log_probs.size(2)))
+        new_scores = torch.full_like(scores, float("-inf"))
+        new_beam = torch.zeros_like(scores, dtype=torch.long)
+        new_token = torch.full_like(new_beam, eos_id)
+        done_rows = []
+        top_l, beam_l, token_l = top.tolist(), beam.tolist(), token.tolist()
+        for row, sentence in enumerate(alive):
+            kept = 0
+            for rank, (s, b, t) in enumerate(zip(top_l[row], beam_l[row], token_l[row])):
+                if s == float("-inf"):
+                    break
+                if t == eos_id or step == max_len - 1:
+                    if rank < K and len(finished[sentence]) < K:
+                        tokens = history[row, b].tolist() + ([] if t == eos_id else [t])
+                        finished[sentence].append(
+                            Hypothesis(tokens, s / length_penalty(step + 1, config.length_penalty), s)
+                        )
+                elif kept < K:
+                    new_scores[row, kept], new_beam[row, kept], new_token[row, kept] = s, b, t
+                    kept += 1
+            if len(finished[sentence]) >= K or step == max_len - 1 or kept == 0:
+                done_rows.append(row)
+        # Reorder the surviving beams: row-group r, slot j continues beam new_beam[r, j].
+        source_rows = (torch.arange(len(alive), device=src.device)[:, None] * K + new_beam).view(-1)  # (b*K,)
+        history = history.reshape(len(alive) * K, step)[source_rows].view(len(alive), K, step)  # (b, K, t)
+        history = torch.cat([history, new_token[..., None]], dim=2)  # (b, K, t + 1)
+        scores, last = new_scores, new_token.view(-1, 1)
+        if done_rows:
+            keep_groups = [r for r in range(len(alive)) if r not in set(done_rows)]
+            if not keep_groups:
+                break
+            groups = torch.tensor(keep_groups, device=src.device)
+            rows = (groups[:, None] * K + torch.arange(K, device=src.device)).view(-1)  # (b'*K,)
+            alive = [alive[r] for r in keep_groups]
+            scores, history, last = scores[groups], history[groups], last.view(-1, K)[groups].view(-1, 1)
+            source_rows = source_rows.view(-1, K)[groups].view(-1)
+            memory, src_mask = memory[rows], src_mask[rows]
+        state.reorder(source_rows)
+    results = []
+    for hyps in finished:
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        results.append(hyps[: config.n_best])
+    return results
+
+
+def search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig) -> list[list[Hypothesis]]:
+    """Greedy search when beam_size is 1 (same result, less work), beam search otherwise."""
+    if config.beam_size == 1:
+        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)
+        return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]
+    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)

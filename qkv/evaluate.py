@@ -1,0 +1,34 @@
+"""Honest evaluation: sacreBLEU BLEU (cased and lowercased) and chrF on real, detokenized translations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+    """Corpus BLEU (cased), BLEU lowercased (as the Multi30k literature reports) and chrF, with signatures."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
+    b, b_lc, c = (m.corpus_score(hypotheses, [references]) for m in (bleu, bleu_lc, chrf))
+    return {
+        "bleu": round(b.score, 2),
+        "bleu_lc": round(b_lc.score, 2),
+        "chrf": round(c.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "bleu_lc_signature": str(bleu_lc.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "sentences": len(hypotheses),
+    }
+
+
+def format_scores(scores: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"BLEU      {scores['bleu']:6.2f}   {scores['bleu_signature']}",
+            f"BLEU (lc) {scores['bleu_lc']:6.2f}   {scores['bleu_lc_signature']}",
+            f"chrF      {scores['chrf']:6.2f}   {scores['chrf_signature']}",
+        ]
+    )

@@ -1,0 +1,112 @@
+"""Translating text with a trained model: tokenize, batch by length, search, detokenize, restore order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qkv import checkpoint
+from qkv.decode import DecodeConfig, Hypothesis, search
+from qkv.model import Transformer
+from qkv.tokenizer import Tokenizer
+
+
+@dataclass
+class Translation:
+    text: str
+    tokens: list[int]
+    score: float
+
+
+def collate_sources(src_ids: list[list[int]], *, pad_id: int, eos_id: int) -> torch.Tensor:
+    """(B, S) source batch: each sentence + EOS, right-padded, as in training."""
+    S = max(len(s) for s in src_ids) + 1
+    src = torch.full((len(src_ids), S), pad_id, dtype=torch.long)
+    for b, ids in enumerate(src_ids):
+        src[b, : len(ids) + 1] = torch.tensor([*ids, eos_id], dtype=torch.long)
+    return src
+
+
+def length_batches(lengths: list[int], *, max_tokens: int, max_sentences: int) -> list[list[int]]:
+    """Indices grouped by similar length, so a batch pads little; at most max_tokens padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, batch, width = [], [], 0
+    for i in order:
+        new_width = max(width, lengths[i] + 1)
+        if batch and (new_width * (len(batch) + 1) > max_tokens or len(batch) >= max_sentences):
+            batches.append(batch)
+            batch, new_width = [], lengths[i] + 1
+        batch.append(i)
+        width = new_width
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+class Translator:
+    """A model, its tokenizer and a search configuration, ready to translate raw sentences."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        config: DecodeConfig | None = None,
+        *,
+        max_tokens: int = 2048,
+        max_sentences: int = 128,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or DecodeConfig()
+        self.max_tokens = max_tokens
+        self.max_sentences = max_sentences
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, config: DecodeConfig | None = None, **kwargs) -> Translator:
+        loaded = checkpoint.load(path)
+        return cls(loaded.model, loaded.tokenizer, config, **kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        # Room for the EOS that collate_sources appends.
+        return self.tokenizer.encode(text)[: self.model.config.max_len - 1]
+
+    def translate_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Search for each source; empty sources give one empty hypothesis. Keeps the input order."""
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+        todo = [i for i, ids in enumerate(src_ids) if ids]
+        # Beam search keeps beam_size rows per sentence, so the sentence budget shrinks with it.
+        batches = length_batches(
+            [len(src_ids[i]) for i in todo],
+            max_tokens=max(1, self.max_tokens // self.config.beam_size),
+            max_sentences=self.max_sentences,
+        )
+        tok = self.tokenizer
+        for batch in batches:
+            indices = [todo[j] for j in batch]
+            src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
+            hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config)
+            for i, h in zip(indices, hyps):
+                results[i] = h
+        return results
+
+    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
+        hyps = self.translate_ids([self.encode(t) for t in texts])
+        return [[Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+
+    def translate(self, texts: list[str]) -> list[str]:
+        """One translation per input sentence, in order; an empty (or blank) input gives ''."""
+        return [nbest[0].text for nbest in self.translate_nbest(texts)]
+
+    def translate_stream(self, lines: Iterable[str], *, chunk: int) -> Iterator[str]:
+        """Translate an iterable of lines ``chunk`` at a time, yielding outputs in input order."""
+        buffer: list[str] = []
+        for line in lines:
+            buffer.append(line.rstrip("\n"))
+            if len(buffer) >= chunk:
+                yield from self.translate(buffer)
+                buffer = []
+        if buffer:
+            yield from self.translate(buffer)
