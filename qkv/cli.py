@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -286,6 +287,69 @@ def average(args: argparse.Namespace) -> int:
     configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
     checkpoint.save(Path(args.out), first.model, first.tokenizer, configs=configs, state_dict=weights)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
+    return 0
+
+def _attend_args(p: argparse.ArgumentParser) -> None:
+    _decode_args(p)
+    p.add_argument("sentence", help="the source sentence to translate and inspect")
+    p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")
+    p.add_argument("--layer", type=int, default=-1, help="layer to draw, 1-based (default: the last)")
+    p.add_argument("--head", type=int, help="draw only this head (0-based; default: every head and their average)")
+    p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
+    p.add_argument("--json", help="also write every layer's and head's weights, with the tokens, to this JSON file")
+
+
+@command("attend", "translate a sentence and draw its attention (PNG and interactive HTML), with a word alignment", _attend_args)
+def attend(args: argparse.Namespace) -> int:
+    from qkv import checkpoint
+    from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
+
+    loaded = checkpoint.load(args.checkpoint)
+    capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args))
+    n_layers = capture.weights(args.kind).size(0)
+    layer = args.layer - 1 if args.layer > 0 else args.layer
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"--layer must be between 1 and {n_layers}")
+    n_heads = capture.cross.size(1)
+    if args.head is not None and not 0 <= args.head < n_heads:
+        raise ValueError(f"--head must be between 0 and {n_heads - 1}")
+    png = plot_attention(capture, f"{args.out}.png", kind=args.kind, layer=layer, head=args.head)
+    page = write_html(capture, f"{args.out}.html", kind=args.kind, layer=layer)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(capture.to_json(), handle)
+    print(f"source:      {capture.source}")
+    print(f"translation: {capture.translation}")
+    print("word alignment (last layer's cross-attention, averaged over heads):")
+    for tgt_word, src_word, weight in word_alignment(capture):
+        print(f"  {tgt_word:>20}  <-  {src_word:<20} {weight:.2f}")
+    print(f"wrote {png} and {page}")
+    return 0
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="where the demo model and pictures go (reused next time)")
+    p.add_argument("--retrain", action="store_true", help="train again even if a demo model exists")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-progress", action="store_true")
+
+
+@command("demo", "learn to read dates in many formats and languages, then show the attention (no download)", _demo_args)
+def demo(args: argparse.Namespace) -> int:
+    from qkv.demo import run_demo
+
+    if not args.retrain and not (Path(args.out) / "final").exists():
+        print(f"training a small Transformer on generated dates (about a minute) -> {args.out}", file=sys.stderr)
+    result = run_demo(args.out, retrain=args.retrain, seed=args.seed, progress=not args.no_progress)
+    how = f"trained in {result.train_seconds:.0f}s" if result.trained else "reused the cached model; --retrain to train again"
+    print(f"dates model: {result.run_dir / 'final'} ({how})")
+    for source, output in result.examples:
+        print(f"  {source:>28}  ->  {output}")
+    print(f"exact match on {result.n_test} held-out dates: {100 * result.accuracy:.1f}%")
+    print(f"word alignment for {result.examples[0][0]!r}:")
+    for tgt_word, src_word, weight in result.alignment:
+        print(f"  {tgt_word:>12}  <-  {src_word:<12} {weight:.2f}")
+    print(f"attention picture: {result.picture}  (interactive: {result.page})")
     return 0
 
 

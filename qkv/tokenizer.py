@@ -95,6 +95,7 @@ class Tokenizer:
         character_coverage: float = 1.0,
         seed: int = 0,
         max_sentences: int = DEFAULT_MAX_SENTENCES,
+        split_digits: bool = False,
     ) -> Tokenizer:
         """Train a model on ``texts`` (one sentence each), write it to ``path`` and return it.
 
@@ -102,7 +103,8 @@ class Tokenizer:
         ``itertools.chain(corpus.src, corpus.tgt)``. ``vocab_size`` is an upper bound: a corpus too
         small to yield that many pieces gives a smaller vocabulary (check ``.vocab_size``) instead
         of failing, so tiny test corpora work. Corpora over ``max_sentences`` are sampled with
-        ``seed``; training is deterministic for the same texts and seed.
+        ``seed``; training is deterministic for the same texts and seed. ``split_digits`` makes
+        every digit its own piece (numbers are then copied digit by digit, as in the dates demo).
         """
         if vocab_size <= len(_TRAIN_SPECIAL_IDS):
             n_special = len(_TRAIN_SPECIAL_IDS)
@@ -130,6 +132,7 @@ class Tokenizer:
                 hard_vocab_limit=False,  # a smaller vocabulary rather than "Vocabulary size too high"
                 input_sentence_size=0,  # the sample above is already the size we want: use all of it
                 shuffle_input_sentence=False,
+                split_digits=split_digits,
                 minloglevel=2,  # training is silent unless it fails
                 **_TRAIN_SPECIAL_IDS,
             )
