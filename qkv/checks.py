@@ -77,8 +77,81 @@ def check_cache(seed: int = 0) -> CheckResult:
     return CheckResult("cached decoding equals full decoding", diff < 1e-4, f"max |diff| = {diff:.2e}")
 
 
-MECHANISM_CHECKS = [check_reference_parity, check_masks, check_causality, check_cache]
+def _random_model(seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(model_preset("tiny", src_vocab_size=40, tgt_vocab_size=40)).eval()
+
+
+def _random_sources(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, 40, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def check_greedy_equals_beam_of_one(model: Transformer | None = None, sources: list[list[int]] | None = None, *, seed: int = 0, bos_id: int = 2, eos_id: int = 3, pad_id: int = 0) -> CheckResult:
+    """Beam search with a beam of one returns exactly the greedy output."""
+    from qkv.decode import DecodeConfig, beam_search, greedy_search
+    from qkv.translate import collate_sources
+
+    model = model or _random_model(seed)
+    sources = sources or _random_sources(16, seed)
+    src = collate_sources(sources, pad_id=pad_id, eos_id=eos_id)
+    config = DecodeConfig(beam_size=1, max_len_b=8)
+    greedy = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)
+    beam = [h[0].tokens for h in beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)]
+    same = sum(g == b for g, b in zip(greedy, beam))
+    return CheckResult("greedy equals beam of size 1", same == len(sources), f"{same}/{len(sources)} identical")
+
+
+def check_batch_invariance(model: Transformer | None = None, sources: list[list[int]] | None = None, *, seed: int = 0, bos_id: int = 2, eos_id: int = 3, pad_id: int = 0, beam_size: int = 3) -> CheckResult:
+    """The same sentences translated one at a time and in one padded batch give identical output."""
+    from qkv.decode import DecodeConfig, search
+    from qkv.translate import collate_sources
+
+    model = model or _random_model(seed)
+    sources = sources or _random_sources(32, seed)
+    config = DecodeConfig(beam_size=beam_size, max_len_b=8)
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        src = collate_sources(batch, pad_id=pad_id, eos_id=eos_id)
+        return [h[0].tokens for h in search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)]
+
+    alone = [run([s])[0] for s in sources]
+    together = run(sources)
+    same = sum(a == b for a, b in zip(alone, together))
+    return CheckResult(
+        f"batch invariance (batch 1 vs {len(sources)}, beam {beam_size})", same == len(sources), f"{same}/{len(sources)} identical"
+    )
+
+
+MECHANISM_CHECKS = [
+    check_reference_parity,
+    check_masks,
+    check_causality,
+    check_cache,
+    check_greedy_equals_beam_of_one,
+    check_batch_invariance,
+]
 
 
 def run_checks(checks=MECHANISM_CHECKS) -> list[CheckResult]:
     return [check() for check in checks]
+
+
+def checkpoint_checks(path: str) -> list[CheckResult]:
+    """The decoding checks on a user's own checkpoint, with sentences from its tokenizer's vocabulary."""
+    from qkv import checkpoint
+
+    loaded = checkpoint.load(path)
+    tok = loaded.tokenizer
+    sentences = [
+        "A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.", "A little girl is reading a book.",
+        "People are walking down a busy city street at night.", "A woman plays the guitar.", "Children are swimming.",
+        "A cyclist rides past a red building while a crowd watches.", "An old man sits on a bench.",
+    ]
+    sources = [tok.encode(s) for s in sentences]
+    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
+    return [
+        check_greedy_equals_beam_of_one(loaded.model, sources, **ids),
+        check_batch_invariance(loaded.model, sources, **ids, beam_size=1),
+        check_batch_invariance(loaded.model, sources, **ids, beam_size=5),
+    ]

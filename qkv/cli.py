@@ -25,14 +25,16 @@ def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None
 
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", help="also check decoding on this model: greedy == beam 1, batch invariance")
 
 
 @command("doctor", "self-checks of the attention mechanism and the model on this install", _doctor_args)
 def doctor(args: argparse.Namespace) -> int:
-    from qkv.checks import run_checks
+    from qkv.checks import checkpoint_checks, run_checks
 
     results = run_checks()
+    if args.checkpoint:
+        results += checkpoint_checks(args.checkpoint)
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}: {r.detail}")
     failed = sum(not r.passed for r in results)
@@ -350,6 +352,33 @@ def demo(args: argparse.Namespace) -> int:
     for tgt_word, src_word, weight in result.alignment:
         print(f"  {tgt_word:>12}  <-  {src_word:<12} {weight:.2f}")
     print(f"attention picture: {result.picture}  (interactive: {result.page})")
+    return 0
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-sentences", type=int, default=32, help="sentences per batch (default 32)")
+    p.add_argument("--max-batch-tokens", type=int, default=4096, help="source tokens per batch (default 4096)")
+    p.add_argument("--max-wait-ms", type=float, default=10, help="how long a batch waits for more requests (default 10)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting before 503 (default 256)")
+    p.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
+    p.add_argument("--max-chars", type=int, default=1000, help="characters per text (default 1000)")
+    p.add_argument("--graceful-timeout", type=float, default=30, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+@command("serve", "serve translations over HTTP: JSON API with dynamic batching, docs and an attention page", _serve_args)
+def serve_command(args: argparse.Namespace) -> int:
+    from qkv.server import serve
+
+    serve(
+        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level,
+        graceful_timeout=args.graceful_timeout, max_batch_sentences=args.max_batch_sentences,
+        max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+        max_texts=args.max_texts, max_chars=args.max_chars,
+    )
     return 0
 
 

@@ -354,7 +354,8 @@ class Trainer:
             shutil.copytree(dirs[-1] if dirs else self.run_dir / "last", self.run_dir / "final.tmp", dirs_exist_ok=True)
             checkpoint._publish(self.run_dir / "final.tmp", self.run_dir / "final")
         final = checkpoint.load(self.run_dir / "final")
-        live = self.model.state_dict()
+        # state_dict() shares storage with the parameters: copy, or loading final/ would overwrite it too.
+        live = {name: value.clone() for name, value in self.model.state_dict().items()}
         self.model.load_state_dict(final.model.state_dict())
         metrics = self.validate()
         self.model.load_state_dict(live)
@@ -387,6 +388,10 @@ class Trainer:
                         lr = self.optimizer.param_groups[0]["lr"]
                         self.log.write(event="train", step=self.step, epoch=self.epoch, loss=round(loss, 4), lr=lr, tokens_per_s=round(rate), skipped=skipped)
                         bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=self.epoch)
+                        if cfg.time_budget and not cfg.max_steps:
+                            # The bar's total (hence its ETA) follows the steps the time budget allows.
+                            steps_per_s = self.step / max(self.elapsed, 1e-9)
+                            bar.total = self.step + int((cfg.time_budget - self.elapsed) * steps_per_s)
                         window_tokens, window_start = 0, time.monotonic()
                     bar.update(1)
                     out_of_time = cfg.time_budget and self.elapsed >= cfg.time_budget

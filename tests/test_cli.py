@@ -9,7 +9,7 @@ from qkv.cli import main
 def test_doctor_passes_every_check(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "4/4 checks passed" in out and "FAIL" not in out
+    assert "6/6 checks passed" in out and "FAIL" not in out
 
 
 def test_python_dash_m_entry_point_and_help():
