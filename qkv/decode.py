@@ -21,7 +21,8 @@ from qkv.model import Transformer
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """How to search. The maximum output length is ``max_len_a * source_length + max_len_b``."""
+    """How to search. The maximum output length is ``max_len_a * source_length + max_len_b``, where
+    ``source_length`` counts a sentence's own tokens and its EOS (not the batch's padding)."""
 
     beam_size: int = 5
     length_penalty: float = 0.6  # alpha of GNMT's ((5 + length) / 6) ** alpha; 0 disables it
@@ -58,6 +59,12 @@ def max_output_length(model: Transformer, src_len: int, config: DecodeConfig) ->
     return max(1, min(int(config.max_len_a * src_len + config.max_len_b), model.config.max_len - 1))
 
 
+def _output_limits(model: Transformer, src_mask: Tensor, config: DecodeConfig) -> list[int]:
+    """Each sentence's maximum output length, from its own length: padding must not lengthen the
+    output of a short sentence batched with long ones. src_mask: (B, S), True for real tokens."""
+    return [max_output_length(model, n, config) for n in src_mask.sum(dim=1).tolist()]
+
+
 def beam_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     """The ``k`` best one-token extensions of each sentence's beams, best first.
 
@@ -85,15 +92,16 @@ def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, 
     """The most likely next token at every step. src: (B, S). Returns token lists without BOS/EOS."""
     B = src.size(0)
     memory, src_mask, state, last = _start(model, src, bos_id, 1)
+    limits = torch.tensor(_output_limits(model, src_mask, config), device=src.device)  # (B,)
     outputs: list[list[int]] = [[] for _ in range(B)]
     alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
-    for _ in range(max_output_length(model, src.size(1), config)):
+    for step in range(int(limits.max())):
         logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
         next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
         for row, sentence in enumerate(alive.tolist()):
             if next_tokens[row] != eos_id:
                 outputs[sentence].append(int(next_tokens[row]))
-        keep = (next_tokens != eos_id).nonzero().squeeze(1)
+        keep = ((next_tokens != eos_id) & (step + 1 < limits[alive])).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
         if keep.numel() < alive.numel():
@@ -114,15 +122,15 @@ def beam_search(
     is done when it has K finished hypotheses or reaches the maximum length.
     """
     B, K = src.size(0), config.beam_size
-    max_len = max_output_length(model, src.size(1), config)
     memory, src_mask, state, last = _start(model, src, bos_id, K)
+    limits = _output_limits(model, src_mask[::K], config)  # (B,) one per sentence
     scores = torch.full((B, K), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # all beams start identical: only the first may extend, or they would repeat
     history = torch.empty(B, K, 0, dtype=torch.long, device=src.device)  # (b, K, t) tokens so far
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     alive = list(range(B))  # sentence index of each live row group
 
-    for step in range(max_len):
+    for step in range(max(limits)):
         logits, _ = model.decode(last, memory, src_mask, state=state)  # (b*K, 1, V)
         log_probs = logits[:, -1].float().log_softmax(dim=-1).view(len(alive), K, -1)  # (b, K, V)
         top, beam, token = beam_candidates(scores, log_probs, min(2 * K, log_probs.size(1) * log_probs.size(2)))
@@ -132,11 +140,11 @@ def beam_search(
         done_rows = []
         top_l, beam_l, token_l = top.tolist(), beam.tolist(), token.tolist()
         for row, sentence in enumerate(alive):
-            kept = 0
+            kept, last_step = 0, step == limits[sentence] - 1
             for rank, (s, b, t) in enumerate(zip(top_l[row], beam_l[row], token_l[row])):
                 if s == float("-inf"):
                     break
-                if t == eos_id or step == max_len - 1:
+                if t == eos_id or last_step:
                     if rank < K and len(finished[sentence]) < K:
                         tokens = history[row, b].tolist() + ([] if t == eos_id else [t])
                         finished[sentence].append(
@@ -145,7 +153,7 @@ def beam_search(
                 elif kept < K:
                     new_scores[row, kept], new_beam[row, kept], new_token[row, kept] = s, b, t
                     kept += 1
-            if len(finished[sentence]) >= K or step == max_len - 1 or kept == 0:
+            if len(finished[sentence]) >= K or last_step or kept == 0:
                 done_rows.append(row)
         # Reorder the surviving beams: row-group r, slot j continues beam new_beam[r, j].
         source_rows = (torch.arange(len(alive), device=src.device)[:, None] * K + new_beam).view(-1)  # (b*K,)

@@ -1,0 +1,219 @@
+"""Search: the beam's step logic on hand-made numbers, greedy == beam of one, length limits and
+penalties, n-best lists, and batch invariance (a sentence translates the same alone or in a batch)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qkv import checkpoint
+from qkv.config import model_preset
+from qkv.decode import (
+    DecodeConfig,
+    beam_candidates,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_length,
+    search,
+)
+from qkv.model import Transformer
+from qkv.translate import Translator, collate_sources, length_batches
+
+V, PAD, BOS, EOS = 23, 0, 2, 3
+NEG_INF = float("-inf")
+
+
+def make_model(seed: int = 0, *, never_eos: bool = False, **overrides) -> Transformer:
+    """A random tiny model; ``never_eos`` gives EOS a huge negative output bias, so every output
+    runs to its length limit."""
+    torch.manual_seed(seed)
+    config = model_preset("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, output_bias=never_eos, **overrides)
+    model = Transformer(config).eval()
+    if never_eos:
+        with torch.no_grad():
+            model.generator.bias[EOS] = -1e9
+    return model
+
+
+def sources(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, V, (n,), generator=generator).tolist() for n in lengths]
+
+
+def batch(src_ids: list[list[int]]) -> torch.Tensor:
+    return collate_sources(src_ids, pad_id=PAD, eos_id=EOS)
+
+
+# ---- the beam's step, on hand-made log-probabilities ------------------------------------------
+
+
+def test_beam_candidates_on_hand_made_numbers():
+    scores = torch.tensor([[-1.0, -0.2], [0.0, NEG_INF]])  # sentence 2 has one live beam and an unused slot
+    log_probs = torch.tensor(
+        [
+            [[-3.0, -0.5, -2.0, -1.2], [-0.1, -4.0, -1.6, -3.0]],
+            [[-2.0, -0.3, -0.2, -5.0], [-0.01, -0.01, -0.01, -0.01]],
+        ]
+    )
+    top, beam, token = beam_candidates(scores, log_probs, 4)
+    # sentence 1, all eight totals: beam 0 -> -4.0 -1.5 -3.0 -2.2, beam 1 -> -0.3 -4.2 -1.8 -3.2;
+    # the best four alternate between the beams
+    torch.testing.assert_close(top[0], torch.tensor([-0.3, -1.5, -1.8, -2.2]))
+    assert beam[0].tolist() == [1, 0, 1, 0]
+    assert token[0].tolist() == [0, 1, 2, 3]
+    # sentence 2: the unused slot's tempting -0.01s never win, since its score is -inf
+    torch.testing.assert_close(top[1], torch.tensor([-0.2, -0.3, -2.0, -5.0]))
+    assert beam[1].tolist() == [0, 0, 0, 0]
+    assert token[1].tolist() == [2, 1, 0, 3]
+
+
+def test_length_penalty_is_gnmt_formula():
+    assert length_penalty(7, 0.6) == pytest.approx(((5 + 7) / 6) ** 0.6) == pytest.approx(2**0.6)
+    assert length_penalty(1, 1.0) == pytest.approx(1.0)
+    assert length_penalty(13, 1.0) == pytest.approx(3.0)
+    assert all(length_penalty(n, 0.0) == 1.0 for n in (1, 5, 50))
+
+
+def test_decode_config_validation():
+    with pytest.raises(ValueError, match="n_best"):
+        DecodeConfig(beam_size=2, n_best=3)
+    with pytest.raises(ValueError, match="beam_size"):
+        DecodeConfig(beam_size=0)
+
+
+# ---- search on random models -----------------------------------------------------------------
+
+
+def test_beam_of_one_equals_greedy_on_a_padded_batch():
+    for seed in range(3):
+        model = make_model(seed)
+        src = batch(sources([2, 9, 5, 1, 7, 3], seed))
+        config = DecodeConfig(beam_size=1, length_penalty=0.0)
+        greedy = greedy_search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+        beam = beam_search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+        assert [h[0].tokens for h in beam] == greedy
+        assert [h[0].tokens for h in search(model, src, bos_id=BOS, eos_id=EOS, config=config)] == greedy
+
+
+def teacher_forced_log_prob(model: Transformer, src_ids: list[int], tokens: list[int], with_eos: bool) -> float:
+    target = tokens + [EOS] if with_eos else tokens
+    logits = model(batch([src_ids]), torch.tensor([[BOS, *target[:-1]]]))  # (1, T, V)
+    return logits.log_softmax(-1)[0].gather(-1, torch.tensor(target)[:, None]).sum().item()
+
+
+def test_beam_scores_are_the_models_log_probabilities_and_n_best_is_sorted():
+    model = make_model(1)
+    src_ids = sources([3, 8, 1, 5], seed=1)
+    config = DecodeConfig(beam_size=4, n_best=3, length_penalty=0.6, max_len_a=1.0, max_len_b=3)
+    results = beam_search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config)
+    assert [len(hyps) for hyps in results] == [3, 3, 3, 3]
+    for ids, hyps in zip(src_ids, results):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 3  # three different hypotheses
+        limit = max_output_length(model, len(ids) + 1, config)
+        for h in hyps:
+            with_eos = len(h.tokens) < limit  # a hypothesis at the limit was cut, not ended by EOS
+            assert h.log_prob == pytest.approx(teacher_forced_log_prob(model, ids, h.tokens, with_eos), abs=1e-4)
+            length = len(h.tokens) + with_eos
+            assert h.score == pytest.approx(h.log_prob / length_penalty(length, 0.6))
+
+
+def test_every_sentence_stops_at_its_own_length_limit():
+    # max_len_a * (source tokens + EOS) + max_len_b, per sentence, even in a batch with longer ones
+    model = make_model(2, never_eos=True)
+    src_ids = sources([1, 4, 9])
+    config = DecodeConfig(beam_size=3, max_len_a=0.5, max_len_b=2)
+    expected = [int(0.5 * 2 + 2), int(0.5 * 5 + 2), int(0.5 * 10 + 2)]  # 3, 4, 7
+    greedy = greedy_search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config)
+    assert [len(tokens) for tokens in greedy] == expected
+    beam = beam_search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config)
+    assert [len(hyps[0].tokens) for hyps in beam] == expected
+
+
+def test_output_length_is_capped_by_the_models_positions():
+    model = make_model(3, never_eos=True, max_len=12)
+    config = DecodeConfig(beam_size=2, max_len_a=2.0, max_len_b=50)
+    src = batch(sources([4]))
+    assert len(greedy_search(model, src, bos_id=BOS, eos_id=EOS, config=config)[0]) == 11
+    assert len(beam_search(model, src, bos_id=BOS, eos_id=EOS, config=config)[0][0].tokens) == 11
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_sentence_decodes_the_same_alone_or_in_a_padded_batch(beam_size):
+    model = make_model(4)
+    src_ids = sources([6, 1, 11, 3, 8], seed=4)
+    config = DecodeConfig(beam_size=beam_size)
+    together = search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config)
+    alone = [search(model, batch([ids]), bos_id=BOS, eos_id=EOS, config=config)[0] for ids in src_ids]
+    assert [h[0].tokens for h in together] == [h[0].tokens for h in alone]
+    if beam_size > 1:
+        for a, b in zip(together, alone):
+            assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
+
+
+# ---- batching helpers ------------------------------------------------------------------------
+
+
+def test_collate_sources_appends_eos_and_pads_right():
+    assert collate_sources([[5, 6], [7], [8, 9, 10]], pad_id=PAD, eos_id=EOS).tolist() == [
+        [5, 6, EOS, PAD],
+        [7, EOS, PAD, PAD],
+        [8, 9, 10, EOS],
+    ]
+
+
+def test_length_batches_respect_both_budgets_and_cover_every_sentence():
+    lengths = [5, 1, 3, 8, 2, 2, 7, 1]
+    batches = length_batches(lengths, max_tokens=12, max_sentences=2)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) <= 2
+        assert len(b) == 1 or (max(lengths[i] for i in b) + 1) * len(b) <= 12
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)  # grouped by length, shortest first
+
+
+# ---- through the Translator, with a trained tiny model -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run) -> checkpoint.Checkpoint:
+    return checkpoint.load(tiny_run)
+
+
+SENTENCES = [
+    "A man in a blue shirt is standing on a ladder cleaning windows.",
+    "",
+    "A dog.",
+    "Two young girls are playing in the sand near the water at the beach while their mother watches.",
+    "   ",
+    "Men are talking.",
+    "A woman with a large purse is walking by a gate.",
+]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translator_keeps_input_order_and_is_batch_invariant(trained, beam_size):
+    config = DecodeConfig(beam_size=beam_size)
+    # a small token budget splits the batch, so length sorting has to be undone
+    translator = Translator(trained.model, trained.tokenizer, config, max_tokens=40 * beam_size)
+    together = translator.translate(SENTENCES)
+    alone = [translator.translate([s])[0] for s in SENTENCES]
+    assert together == alone
+    assert len(together) == len(SENTENCES)
+    assert together[1] == "" and together[4] == ""  # empty and blank inputs give empty outputs
+    assert all(together[i] for i in (0, 2, 3, 5, 6))
+
+
+def test_translator_n_best_lists(trained):
+    translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=4, n_best=2))
+    nbest = translator.translate_nbest(["A dog runs.", "", "Two men are talking on a bench."])
+    assert [len(n) for n in nbest] == [2, 1, 2]
+    for n in (nbest[0], nbest[2]):
+        assert n[0].score >= n[1].score and n[0].tokens != n[1].tokens
+        assert n[0].text == trained.tokenizer.decode(n[0].tokens)
+    assert nbest[1][0].text == ""
+    assert math.isfinite(nbest[0][0].score)

@@ -1,0 +1,195 @@
+"""Training: the label-smoothed loss, the learning-rate schedule, presets, and exact resumption."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import MULTI30K, needs_multi30k
+
+from qkv import checkpoint
+from qkv.config import ConfigError
+from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, inverse_sqrt_lr, label_smoothed_loss
+
+PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
+
+
+# ---- loss ------------------------------------------------------------------------------------
+
+
+def test_padding_positions_contribute_nothing():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    target = torch.tensor([[4, 5, 6, PAD, PAD], [1, 0, 3, 6, PAD]])
+    loss, n_tokens = label_smoothed_loss(logits, target, pad_id=PAD, smoothing=0.1)
+
+    changed = logits.clone()
+    changed[target == PAD] = 100 * torch.randn(3, 7)  # wildly different logits where the target is padding
+    loss_changed, _ = label_smoothed_loss(changed, target, pad_id=PAD, smoothing=0.1)
+
+    assert loss_changed.item() == loss.item()
+    assert n_tokens.item() == 7
+    # and the real positions do count: changing one of them changes the loss
+    changed[0, 0, 1] += 5.0
+    assert label_smoothed_loss(changed, target, pad_id=PAD, smoothing=0.1)[0].item() != loss.item()
+
+
+def test_label_smoothing_matches_a_hand_computation():
+    logits = [[2.0, 0.5, -1.0, 0.0], [0.0, 1.0, 0.0, -2.0]]
+    target = [0, 3]
+    eps, V = 0.2, 4
+    expected = 0.0
+    for row, t in zip(logits, target):
+        log_z = math.log(sum(math.exp(x) for x in row))
+        for c, x in enumerate(row):
+            q = 1 - eps + eps / V if c == t else eps / V  # the smoothed target distribution
+            expected -= q * (x - log_z)
+    loss, n_tokens = label_smoothed_loss(torch.tensor([logits]), torch.tensor([target]), pad_id=PAD, smoothing=eps)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert n_tokens.item() == 2
+
+
+def test_zero_smoothing_is_plain_cross_entropy():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 4, 9)
+    target = torch.randint(3, 9, (3, 4))
+    target[1, 2:] = PAD
+    loss, n_tokens = label_smoothed_loss(logits, target, pad_id=PAD, smoothing=0.0)
+    keep = target != PAD
+    expected = -logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)[keep].sum()
+    torch.testing.assert_close(loss, expected)
+    assert n_tokens.item() == keep.sum().item() == 10
+    torch.testing.assert_close(loss, F.cross_entropy(logits[keep], target[keep], reduction="sum"))
+
+
+# ---- schedule --------------------------------------------------------------------------------
+
+
+def test_schedule_warms_up_linearly_then_decays_with_inverse_sqrt():
+    peak, w = 3e-3, 100
+    lr = [inverse_sqrt_lr(step, peak=peak, warmup=w) for step in range(1, 4 * w + 1)]  # lr[i] is step i + 1
+    for step in (1, 10, 50, 99):
+        assert lr[step - 1] == pytest.approx(peak * step / w, rel=1e-12)
+    assert all(a < b for a, b in zip(lr[: w - 1], lr[1:w]))  # rising during warm-up
+    assert inverse_sqrt_lr(w, peak=peak, warmup=w) == peak  # the peak exactly at the end of warm-up
+    assert all(a > b for a, b in zip(lr[w - 1 :], lr[w:]))  # falling after it
+    assert inverse_sqrt_lr(4 * w, peak=peak, warmup=w) == peak / 2
+    for step in (150, 250, 399):
+        assert lr[step - 1] * math.sqrt(step) == pytest.approx(peak * math.sqrt(w), rel=1e-12)
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+
+def test_build_configs_applies_overrides_and_rejects_unknown_keys():
+    model, train, data = build_configs("tiny", model={"dropout": 0.1}, train={"lr": 1e-3}, data={"vocab_size": 300})
+    assert (model.d_model, model.dropout, train.lr, data.vocab_size) == (32, 0.1, 1e-3, 300)
+    assert train.warmup_steps == TRAIN_PRESETS["tiny"].train.warmup_steps  # untouched values come from the preset
+    with pytest.raises(ConfigError, match="did you mean 'max_steps'"):
+        build_configs("tiny", model={}, train={"max_step": 5}, data={})
+    with pytest.raises(ValueError, match="did you mean 'tiny'"):
+        build_configs("tiyn", model={}, train={}, data={})
+    with pytest.raises(ValueError, match="label_smoothing"):
+        TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ValueError, match="average_last"):
+        TrainConfig(average_last=3, keep_last=2)
+
+
+# ---- a run, and resuming it --------------------------------------------------------------------
+
+
+class RecordingTrainer(Trainer):
+    """A Trainer that remembers the loss of every step, and can simulate Ctrl-C before a given step."""
+
+    interrupt_before_step: int | None = None
+
+    def train_step(self, indices):
+        if self.step + 1 == self.interrupt_before_step:
+            raise KeyboardInterrupt
+        result = super().train_step(indices)
+        self.__dict__.setdefault("losses", []).append(result[0])
+        return result
+
+
+def tiny_configs(max_steps: int):
+    # Dropout on, so that resuming also has to restore the random generator, not only weights and Adam.
+    return build_configs(
+        "tiny",
+        model={"dropout": 0.1},
+        train={"max_steps": max_steps, "eval_every": 5},
+        data={"data_dir": str(MULTI30K), "valid_limit": 10},
+    )
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> RecordingTrainer:
+    if not MULTI30K.is_dir():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    trainer = RecordingTrainer(tmp_path_factory.mktemp("resume") / "whole", *tiny_configs(20))
+    trainer.run(progress=False)
+    return trainer
+
+
+@needs_multi30k
+def test_a_run_writes_its_checkpoints_log_and_averaged_final(uninterrupted):
+    run = uninterrupted.run_dir
+    assert len(uninterrupted.losses) == 20 and uninterrupted.step == 20
+    # evaluations at 5, 10, 15, 20; keep_last=2 keeps the newest two
+    assert [d.name for d in sorted(run.glob("step-*"))] == ["step-000015", "step-000020"]
+    for name in ("last", "best", "final", "curves.png", "log.jsonl", "tokenizer.model"):
+        assert (run / name).exists(), name
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "valid"] == [5, 10, 15, 20]
+    assert [r["event"] for r in records][0] == "start" and records[-1]["event"] == "final"
+    assert records[-1]["averaged"] == ["step-000015", "step-000020"]
+    # final/ holds the mean of the two kept checkpoints, not the live weights
+    final = checkpoint.load(run / "final").model.state_dict()
+    mean = checkpoint.average([run / "step-000015", run / "step-000020"])
+    for name, value in mean.items():
+        torch.testing.assert_close(final[name], value, rtol=0, atol=0)
+    # and after validating final/, the trainer's model holds its own (last/) weights again
+    assert same_weights(uninterrupted.model, checkpoint.load(run / "last").model)
+    assert not torch.equal(final["src_embed.weight"], uninterrupted.model.state_dict()["src_embed.weight"])
+    # the schedule was applied: step 20 is the end of the tiny preset's warm-up, so the peak
+    assert uninterrupted.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(20, peak=3e-3, warmup=20) == 3e-3
+
+
+@needs_multi30k
+def test_resume_from_last_gives_the_same_losses_and_weights(uninterrupted, tmp_path):
+    first = RecordingTrainer(tmp_path / "run", *tiny_configs(10))
+    first.run(progress=False)
+    assert first.losses == uninterrupted.losses[:10]
+
+    resumed = RecordingTrainer.resume(tmp_path / "run", max_steps=20)
+    assert (resumed.step, resumed.epoch, resumed.position) == (10, 0, 10)
+    resumed.run(progress=False)
+    assert resumed.losses == uninterrupted.losses[10:]  # the next loss, and every one after it
+    assert same_weights(resumed.model, uninterrupted.model)
+
+
+@needs_multi30k
+def test_ctrl_c_between_steps_saves_a_checkpoint_that_resumes_exactly(uninterrupted, tmp_path):
+    interrupted = RecordingTrainer(tmp_path / "run", *tiny_configs(20))
+    interrupted.interrupt_before_step = 13
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run(progress=False)
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 12
+
+    resumed = RecordingTrainer.resume(tmp_path / "run")
+    resumed.run(progress=False)
+    assert resumed.losses == uninterrupted.losses[12:]
+    assert same_weights(resumed.model, uninterrupted.model)
+
+
+@needs_multi30k
+def test_a_checkpoint_without_training_state_cannot_be_resumed(uninterrupted):
+    with pytest.raises(checkpoint.CheckpointError, match="cannot be resumed"):
+        checkpoint.load_trainer(uninterrupted.run_dir / "final")
