@@ -125,6 +125,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
     p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
+    p.add_argument("--accumulate", type=int, metavar="K", help="sum K batches per optimizer step, per process")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast on a GPU (ignored on the CPU)")
 
 
 def _train_presets() -> list[str]:
@@ -133,12 +135,26 @@ def _train_presets() -> list[str]:
     return list(TRAIN_PRESETS)
 
 
-@command("train", "train a translation model (Multi30k or your own parallel text)", _train_args)
+@command("train", "train a translation model (Multi30k or your own parallel text; under torchrun: distributed)", _train_args)
 def train(args: argparse.Namespace) -> int:
+    from qkv import distributed
+
+    # Under torchrun, join the process group (gloo on CPU, NCCL on GPU); otherwise a single process.
+    ctx = distributed.init_from_env()
+    try:
+        return _train(args, ctx)
+    finally:
+        distributed.shutdown()
+
+
+def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.train import Trainer, build_configs
 
     train_overrides = parse_overrides(args.train)
-    for key, value in [("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed)]:
+    for key, value in [
+        ("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed),
+        ("accumulate", args.accumulate), ("bf16", args.bf16 or None),
+    ]:
         if value is not None:
             train_overrides[key] = value
     if args.resume:
@@ -160,12 +176,17 @@ def train(args: argparse.Namespace) -> int:
             args.preset, model=parse_overrides(args.model), train=train_overrides, data=data
         )
         trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg)
-    print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs -> {trainer.run_dir}", file=sys.stderr)
+    if ctx.is_main:
+        where = f" in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else ""
+        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs{where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"interrupted: saved {trainer.run_dir / 'last'}; continue with qkv train --resume {trainer.run_dir}", file=sys.stderr)
+        if ctx.is_main:
+            print(f"interrupted: saved {trainer.run_dir / 'last'}; continue with qkv train --resume {trainer.run_dir}", file=sys.stderr)
         return 130
+    if not ctx.is_main:
+        return 0
     final = result.final
     print(f"stopped after {result.step} steps ({result.stopped_because})")
     print(f"final (averaged) checkpoint: {result.run_dir / 'final'}")

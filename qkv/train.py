@@ -4,14 +4,22 @@ decoding, checkpoints that resume exactly, averaging, early stopping and a wall-
 A run directory holds ``log.jsonl`` (one JSON object per event), ``curves.png``, ``last/`` (the
 newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few, for averaging),
 ``best/`` (best validation BLEU) and ``final/`` (the averaged model, evaluated at the end).
+
+Under ``torchrun`` the same loop trains with DistributedDataParallel (``qkv.distributed``): every rank
+steps on its share of each optimizer step's batches, and rank 0 alone validates and writes the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import math
 import shutil
+import signal
+import threading
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -19,9 +27,10 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv import checkpoint
+from qkv import checkpoint, distributed
 from qkv.config import ModelConfig, config_from_dict, model_preset
 from qkv.data import ParallelCorpus, collate, encode_corpus, load_multi30k, read_parallel, read_tsv, token_batches
 from qkv.decode import DecodeConfig
@@ -61,7 +70,9 @@ class DataConfig:
 class TrainConfig:
     """Optimisation and the run's schedule of evaluations and checkpoints."""
 
-    max_tokens: int = 4096  # padded target+source tokens per batch
+    max_tokens: int = 4096  # padded target+source tokens per batch (per process, per micro-batch)
+    accumulate: int = 1  # micro-batches summed into each optimizer step, per process
+    bf16: bool = False  # bfloat16 autocast on a GPU; ignored (with a warning) on the CPU
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
     beta1: float = 0.9
@@ -91,6 +102,8 @@ class TrainConfig:
             raise ValueError(f"on_nan must be skip or stop, got {self.on_nan!r}")
         if self.average_last < 1 or self.keep_last < self.average_last:
             raise ValueError("need 1 <= average_last <= keep_last")
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
 
 
 @dataclass(frozen=True)
@@ -160,10 +173,15 @@ def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
 
 
 class RunLog:
-    """Appends JSON lines to ``log.jsonl``; keeps the records for the curves plot."""
+    """Appends JSON lines to ``log.jsonl``; keeps the records for the curves plot.
 
-    def __init__(self, path: Path) -> None:
+    With ``enabled=False`` (ranks other than 0) records are kept in memory only, so a run's log is
+    written once however many processes train it.
+    """
+
+    def __init__(self, path: Path, *, enabled: bool = True) -> None:
         self.path = path
+        self.enabled = enabled
         self.records: list[dict[str, Any]] = []
         if path.exists():
             self.records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -171,6 +189,8 @@ class RunLog:
     def write(self, **record: Any) -> None:
         record = {"time": round(time.time(), 3), **record}
         self.records.append(record)
+        if not self.enabled:
+            return
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
@@ -204,29 +224,59 @@ class TrainResult:
     final: dict[str, Any]  # validation scores of final/
 
 
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's option not to re-send buffers before every forward: the model's only buffer is the
+    constant positional table. Newer PyTorch calls it forward_sync_buffers (broadcast_buffers warns)."""
+    names = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
+
+
+def _rank_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for one rank's dropout, distinct per (seed, rank, step)."""
+    return ((seed * 1_000_003 + rank) * 1_000_003 + step) % 2**63
+
+
 class Trainer:
-    """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash."""
+    """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash.
+
+    In a process group (``qkv.distributed.init_from_env`` under torchrun) every rank builds the same
+    Trainer; ``self.model`` is always the plain model (saved without wrapper prefixes), and
+    ``self.train_model`` the DistributedDataParallel wrapper that training steps go through.
+    """
 
     def __init__(self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig) -> None:
         self.run_dir = Path(run_dir)
         self.train_cfg, self.data_cfg = train, data
+        self.dist = distributed.current()
+        self.device = self.dist.device
         if train.threads:
             torch.set_num_threads(train.threads)
         self.train_data, self.valid_data = load_corpora(data)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = RunLog(self.run_dir / "log.jsonl")
+        self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main)
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
-        if tokenizer_path.exists():
-            self.tokenizer = Tokenizer.load(tokenizer_path)
-        else:
+        tokenizer = None
+        if not tokenizer_path.exists() and self.dist.is_main:
             texts = self.train_data.src + self.train_data.tgt
-            self.tokenizer = Tokenizer.train(texts, data.vocab_size, tokenizer_path, seed=train.seed)
+            tokenizer = Tokenizer.train(texts, data.vocab_size, tokenizer_path, seed=train.seed)
+        distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
+        self.tokenizer = tokenizer or Tokenizer.load(tokenizer_path)
         tok = self.tokenizer
         self.model_config = model_config.replace(
             src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id
         )
         torch.manual_seed(train.seed)
-        self.model = Transformer(self.model_config)
+        self.model = Transformer(self.model_config).to(self.device)
+        self.train_model: torch.nn.Module = self.model
+        if self.dist.world_size > 1:
+            # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
+            # dropout should differ between ranks, so each now draws from a generator of its own.
+            torch.manual_seed(_rank_seed(train.seed, self.dist.rank, 0))
+            device_ids = [self.device] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **_no_buffer_sync())
+        self.autocast = train.bf16 and self.device.type == "cuda"
+        if train.bf16 and not self.autocast and self.dist.is_main:
+            warnings.warn("bf16 needs a GPU: training on the CPU stays in float32", stacklevel=2)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
             weight_decay=train.weight_decay,
@@ -250,20 +300,31 @@ class Trainer:
         state = checkpoint.load_trainer(last, trainer.optimizer)
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
         trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
+        ctx = trainer.dist
+        if ctx.world_size > 1:
+            # load_trainer restored rank 0's generators on every rank; give each rank its own back.
+            saved = state.get("rank_rng") or []
+            if len(saved) == ctx.world_size:
+                distributed.set_rng_state(saved[ctx.rank], ctx)
+            else:  # saved by another number of processes (or at Ctrl-C): fresh, distinct draws
+                torch.manual_seed(_rank_seed(train.seed, ctx.rank, trainer.step))
         return trainer
 
     def configs(self) -> dict[str, Any]:
         return {"train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__}
 
-    def save(self, directory: Path, *, resumable: bool = True) -> None:
+    def save(self, directory: Path, *, resumable: bool = True, rank_rng: list[dict[str, str]] | None = None) -> None:
+        """Write a checkpoint of ``self.model``; ``rank_rng``: every rank's generators (distributed runs)."""
         trainer_state = {
             "step": self.step,
             "epoch": self.epoch,
-            "position": self.position,
+            "position": self.position,  # in the epoch's batches, counted over all ranks
             "elapsed": self.elapsed,
             "best_bleu": self.best_bleu,
             "bad_evals": self.bad_evals,
         }
+        if rank_rng is not None:
+            trainer_state["rank_rng"] = rank_rng
         checkpoint.save(
             directory,
             self.model,
@@ -278,32 +339,59 @@ class Trainer:
         tgt_len = [len(t) for t in self.train_ids.tgt_ids]
         return token_batches(src_len, tgt_len, self.train_cfg.max_tokens, seed=self.train_cfg.seed, epoch=epoch)
 
-    def train_step(self, indices: list[int]) -> tuple[float, int, bool]:
-        """One optimizer update on a batch. Returns (loss per token, target tokens, whether it was applied)."""
-        cfg, tok = self.train_cfg, self.tokenizer
-        src, tgt_in, tgt_out = collate(
+    def _collate(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        tok = self.tokenizer
+        tensors = collate(
             [self.train_ids.src_ids[i] for i in indices],
             [self.train_ids.tgt_ids[i] for i in indices],
             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
         )
+        return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]
+
+    def train_step(self, batches: list[list[int]]) -> tuple[float, int, bool]:
+        """One optimizer update on this process's micro-batches (lists of example indices).
+
+        Gradients of the summed loss are accumulated over the micro-batches and all-reduced over the
+        ranks, and the sum is divided by the target tokens of the whole step (all micro-batches on
+        all ranks), so N ranks x K micro-batches make the same update as one batch holding them all.
+        Returns (loss per token over the whole step, its target tokens, whether it was applied).
+        """
+        cfg, tok, ctx = self.train_cfg, self.tokenizer, self.dist
+        inputs = [self._collate(indices) for indices in batches]
+        local_tokens = sum(int((tgt_out != tok.pad_id).sum()) for _, _, tgt_out in inputs)
+        n_tokens = int(distributed.all_reduce_sum(torch.tensor([local_tokens]), ctx).item())
         lr = inverse_sqrt_lr(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.model.train()
-        loss_sum, n_tokens = label_smoothed_loss(
-            self.model(src, tgt_in), tgt_out, pad_id=tok.pad_id, smoothing=cfg.label_smoothing
-        )
-        loss = loss_sum / n_tokens
+        self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        loss_total = torch.zeros((), device=self.device)
+        ddp = isinstance(self.train_model, DistributedDataParallel)
+        for i, (src, tgt_in, tgt_out) in enumerate(inputs):
+            # DDP all-reduces gradients inside backward(): only on the last micro-batch; before it they
+            # accumulate locally. (Ranks may hold different numbers of micro-batches at an epoch's end:
+            # each still all-reduces exactly once.)
+            is_last = i == len(inputs) - 1
+            with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext():
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    logits = self.train_model(src, tgt_in)
+                loss_sum, _ = label_smoothed_loss(logits, tgt_out, pad_id=tok.pad_id, smoothing=cfg.label_smoothing)
+                # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
+                (loss_sum / n_tokens * ctx.world_size).backward()
+            loss_total += loss_sum.detach()
+        # Summed over ranks, a non-finite loss anywhere is non-finite everywhere: all ranks skip together.
+        loss = distributed.all_reduce_sum(loss_total, ctx) / n_tokens
         if not torch.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            if cfg.on_nan == "skip" and ctx.is_main:
+                warnings.warn(f"non-finite loss at step {self.step + 1}: the update is skipped (on_nan=skip)", stacklevel=2)
             if cfg.on_nan == "stop":
                 raise FloatingPointError(f"loss is {loss.item()} at step {self.step + 1}; last good checkpoint: {self.run_dir / 'last'}")
-            return float("nan"), int(n_tokens), False
-        loss.backward()
+            return float("nan"), n_tokens, False
         if cfg.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
         self.optimizer.step()
-        return loss.item(), int(n_tokens), True
+        return loss.item(), n_tokens, True
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
@@ -313,10 +401,10 @@ class Trainer:
         total, count = 0.0, 0
         order = token_batches([len(s) for s in ids.src_ids], [len(t) for t in ids.tgt_ids], 4096, seed=0, epoch=0, shuffle=False)
         for batch in order:
-            src, tgt_in, tgt_out = collate(
+            src, tgt_in, tgt_out = (t.to(self.device) for t in collate(
                 [ids.src_ids[i] for i in batch], [ids.tgt_ids[i] for i in batch],
                 pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
-            )
+            ))
             loss_sum, n = label_smoothed_loss(self.model(src, tgt_in), tgt_out, pad_id=tok.pad_id, smoothing=self.train_cfg.label_smoothing)
             total, count = total + loss_sum.item(), count + int(n)
         translator = Translator(self.model, tok, DecodeConfig(beam_size=self.train_cfg.valid_beam))
@@ -328,7 +416,15 @@ class Trainer:
         return sorted(self.run_dir.glob("step-[0-9]*[0-9]"))
 
     def checkpoint_and_validate(self) -> bool:
-        """Validate, save step/last/best checkpoints; return True when early stopping says stop."""
+        """Validate, save step/last/best checkpoints; return True when early stopping says stop.
+
+        Every rank calls it; rank 0 alone validates and writes, and its decision is every rank's.
+        """
+        rank_rng = distributed.gather_rng_states(self.dist) if self.dist.world_size > 1 else None
+        stop = self.dist.is_main and self._checkpoint_and_validate(rank_rng)
+        return distributed.broadcast_flag(stop, self.dist)
+
+    def _checkpoint_and_validate(self, rank_rng: list[dict[str, str]] | None) -> bool:
         metrics = self.validate()
         improved = metrics["bleu"] > self.best_bleu
         if improved:
@@ -341,7 +437,7 @@ class Trainer:
             shutil.rmtree(old)
         if improved:
             self.save(self.run_dir / "best", resumable=False)
-        self.save(self.run_dir / "last")
+        self.save(self.run_dir / "last", rank_rng=rank_rng)
         plot_curves(self.log.records, self.run_dir / "curves.png")
         return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
 
@@ -363,22 +459,36 @@ class Trainer:
         return metrics
 
     def run(self, *, progress: bool = True) -> TrainResult:
-        cfg = self.train_cfg
+        cfg, ctx = self.train_cfg, self.dist
         self.log.write(
             event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_data),
             valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
+            world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.autocast,
         )
         total = cfg.max_steps or None
-        bar = tqdm(total=total, initial=self.step, disable=not progress, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=total, initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
         started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
         window_tokens, window_start, skipped = 0, time.monotonic(), 0
+        # A rank must not stop alone in the middle of a collective (the others would fail with a
+        # broken connection, and nothing would be saved). So with several ranks, Ctrl-C (which
+        # torchrun passes on to every rank) only raises a flag, and the ranks stop together after a step.
+        interrupted, stopping_together = [], False
+        previous_handler = None
+        if ctx.world_size > 1 and threading.current_thread() is threading.main_thread():
+            previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         try:
             while self.epoch < cfg.max_epochs and stopped_because == "max_epochs":
                 batches = self.batches(self.epoch)
                 while self.position < len(batches):
-                    loss, n_tokens, applied = self.train_step(batches[self.position])
-                    self.position += 1
+                    mine, used = distributed.step_share(
+                        batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=cfg.accumulate
+                    )
+                    if not used:  # fewer batches left than ranks: this epoch ends here
+                        self.position = len(batches)
+                        continue
+                    loss, n_tokens, applied = self.train_step(mine)
+                    self.position += used
                     self.step += 1
                     skipped += not applied
                     window_tokens += n_tokens
@@ -394,7 +504,12 @@ class Trainer:
                             bar.total = self.step + int((cfg.time_budget - self.elapsed) * steps_per_s)
                         window_tokens, window_start = 0, time.monotonic()
                     bar.update(1)
-                    out_of_time = cfg.time_budget and self.elapsed >= cfg.time_budget
+                    # Clocks differ between processes: the ranks stop together when any one is out of time.
+                    out_of_time, stopping_together = distributed.any_rank(
+                        [bool(cfg.time_budget) and self.elapsed >= cfg.time_budget, bool(interrupted)], ctx
+                    )
+                    if stopping_together:
+                        raise KeyboardInterrupt
                     out_of_steps = cfg.max_steps and self.step >= cfg.max_steps
                     if self.step % cfg.eval_every == 0 or out_of_time or out_of_steps:
                         if self.checkpoint_and_validate():
@@ -409,14 +524,23 @@ class Trainer:
                     self.epoch, self.position = self.epoch + 1, 0
         except KeyboardInterrupt:
             bar.close()
-            self.save(self.run_dir / "last")
-            self.log.write(event="interrupted", step=self.step)
+            # Only after a stop all ranks agreed on can they still talk (and send rank 0 their generators).
+            rank_rng = distributed.gather_rng_states(ctx) if stopping_together else None
+            if ctx.is_main:
+                self.save(self.run_dir / "last", rank_rng=rank_rng)
+                self.log.write(event="interrupted", step=self.step)
             raise
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
         bar.close()
         if self.step % cfg.eval_every and stopped_because == "max_epochs":
             self.checkpoint_and_validate()
-        final = self.finish()
-        plot_curves(self.log.records, self.run_dir / "curves.png")
+        final: dict[str, Any] = {}
+        if ctx.is_main:
+            final = self.finish()
+            plot_curves(self.log.records, self.run_dir / "curves.png")
+        distributed.barrier(ctx)  # the run ends when final/ is written, for every rank
         return TrainResult(self.run_dir, self.step, stopped_because, final)
 
 
