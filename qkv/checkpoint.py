@@ -7,12 +7,17 @@ A checkpoint directory holds
 and, for checkpoints a run can resume from,
     trainer.safetensors  optimizer moments and the torch RNG state
     trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
-Directories are written under a temporary name and renamed into place, so a crash mid-write
-never leaves a half-written checkpoint under the real name.
+and last
+    manifest.json        every other file's size and SHA-256, checked on load
+Directories are written under a temporary name, fsynced and renamed into place, so a crash mid-write
+never leaves a half-written checkpoint under the real name; a file damaged later (a truncated copy,
+a flipped bit, a full disk) fails its checksum with an error naming the file and the run's other
+checkpoints to use instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -33,6 +38,7 @@ from qkv.tokenizer import Tokenizer
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
+MANIFEST = "manifest.json"
 
 
 class CheckpointError(ValueError):
@@ -50,6 +56,9 @@ class Checkpoint:
 def resolve(path: str | Path) -> Path:
     """The checkpoint directory for ``path``: the directory itself, or a run's ``final``/``best``/``last``."""
     path = Path(path)
+    previous = path.with_name(path.name + ".old")
+    if not path.exists() and (previous / CONFIG).exists():
+        return previous  # a crash came between the two renames of _publish: the old one is whole
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if (path / CONFIG).exists() or (path / WEIGHTS).exists():
@@ -64,6 +73,59 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
+        for f in sorted(directory.iterdir())
+        if f.name != MANIFEST
+    }
+    _write_json(directory / MANIFEST, {"format": FORMAT_VERSION, "files": files})
+
+
+def _other_checkpoints(directory: Path) -> str:
+    """The run's other checkpoint directories, as a hint after an error about ``directory``."""
+    parent = directory.resolve().parent
+    names = [d.name for d in (parent / n for n in ("final", "best", "last")) if (d / CONFIG).exists()]
+    names += [d.name for d in sorted(parent.glob("step-[0-9]*[0-9]"), reverse=True) if (d / CONFIG).exists()]
+    others = [str(parent / n) for n in names if n != directory.resolve().name]
+    return f"; other checkpoints of this run: {', '.join(others)}" if others else ""
+
+
+def verify(directory: str | Path) -> None:
+    """Check every file against ``manifest.json``; raise CheckpointError naming the first that differs.
+
+    Directories written before manifests existed (none in the manifest) pass unchecked.
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.exists():
+        return
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise CheckpointError(f"{path} is not a valid manifest; the checkpoint is corrupted{_other_checkpoints(directory)}") from None
+    for name, entry in files.items():
+        file = directory / name
+        if not file.exists():
+            raise CheckpointError(f"{file} is missing: not a complete checkpoint{_other_checkpoints(directory)}")
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(
+                f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted"
+                + _other_checkpoints(directory)
+            )
+        if sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{_other_checkpoints(directory)}")
+
+
 def _fsync_dir(directory: Path) -> None:
     for file in directory.iterdir():
         with open(file, "rb") as handle:
@@ -72,6 +134,7 @@ def _fsync_dir(directory: Path) -> None:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Atomically replace ``final`` by the fully written ``tmp`` directory."""
+    _write_manifest(tmp)
     _fsync_dir(tmp)
     old = final.with_name(final.name + ".old")
     if old.exists():
@@ -79,6 +142,11 @@ def _publish(tmp: Path, final: Path) -> None:
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
+    parent = os.open(final.parent, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(parent)
+    finally:
+        os.close(parent)
     if old.exists():
         shutil.rmtree(old)
 
@@ -182,15 +250,17 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
     if not tokenizer_path.exists():
         raise CheckpointError(f"{tokenizer_path} is missing: the checkpoint cannot tokenize text")
     tokenizer = Tokenizer.load(tokenizer_path)
+    verify(directory)  # last, so that the checks above keep their more specific messages
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 
 def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
     """Restore the optimizer and every RNG from a checkpoint; return trainer.json (step, epoch, ...)."""
-    directory = Path(directory)
+    directory = resolve(directory)
     json_path, tensor_path = directory / TRAINER_JSON, directory / TRAINER_TENSORS
     if not json_path.exists() or not tensor_path.exists():
         raise CheckpointError(f"{directory} has no training state ({TRAINER_JSON}); it cannot be resumed")
+    verify(directory)
     trainer = json.loads(json_path.read_text(encoding="utf-8"))
     tensors = load_file(str(tensor_path))
     if optimizer is not None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,15 +28,21 @@ def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="also check decoding on this model: greedy == beam 1, batch invariance")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="also prove resume is exact here: kill a tiny training run with SIGKILL, resume it, compare bitwise (~1 min)",
+    )
 
 
 @command("doctor", "self-checks of the attention mechanism and the model on this install", _doctor_args)
 def doctor(args: argparse.Namespace) -> int:
-    from qkv.checks import checkpoint_checks, run_checks
+    from qkv.checks import check_resume_exactness, checkpoint_checks, run_checks
 
     results = run_checks()
     if args.checkpoint:
         results += checkpoint_checks(args.checkpoint)
+    if args.resume:
+        results.append(check_resume_exactness())
     for r in results:
         print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}: {r.detail}")
     failed = sum(not r.passed for r in results)
@@ -224,12 +232,15 @@ def translate(args: argparse.Namespace) -> int:
     from qkv.translate import Translator
 
     translator = Translator.from_checkpoint(args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens * args.beam)
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    if args.input:
+        source, name = open(args.input, "rb"), args.input
+    else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
+        source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
     sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     # Interactive input is answered line by line; files and pipes are batched for speed.
     chunk = 1 if source.isatty() else 256
     try:
-        lines = (line.rstrip("\n") for line in source)
+        lines = _input_lines(source, name)
         buffer: list[str] = []
         for line in lines:
             buffer.append(line)
@@ -246,12 +257,29 @@ def translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _input_lines(source, name: str):
+    """Lines of ``source`` without their ending. Only "\n" ends a line (a stray "\r" or U+2028 inside
+    a line must not make two), so line N in is line N out; invalid UTF-8 is an error naming the line."""
+    for number, raw in enumerate(source, 1):
+        if isinstance(raw, str):  # a text stream (tests pass a StringIO)
+            line = raw
+        else:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte order mark
+        yield line.removesuffix("\n").removesuffix("\r")
+
+
 def _write_translations(translator, lines: list[str], sink, n_best: int) -> None:
     for nbest in translator.translate_nbest(lines):
+        texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
         if n_best == 1:
-            sink.write(nbest[0].text + "\n")
+            sink.write(texts[0] + "\n")
         else:
-            sink.write("\t".join(f"{t.text}\t{t.score:.4f}" for t in nbest) + "\n")
+            sink.write("\t".join(f"{text}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
     sink.flush()
 
 
@@ -415,6 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.debug:  # warnings as one plain line, without the source line that raised them
+        warnings.formatwarning = lambda message, category, *rest: f"warning: {message}\n"
     if args.command is None:
         parser.print_help()
         return 2
@@ -424,10 +454,11 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (for example `| head -1`): stop quietly, as Unix tools do.
-        sys.stderr.close()
+        # The reader went away (for example `| head -1`): stop quietly, as Unix tools do. Point stdout
+        # at /dev/null so that Python's own flush at exit does not fail on the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (ValueError, OSError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError, FloatingPointError) as error:
         if args.debug:
             raise
         print(f"qkv {args.command}: error: {error}", file=sys.stderr)

@@ -227,6 +227,11 @@ class Tokenizer:
         skip = (self.pad_id, self.bos_id)
         return self._sp.decode([i for i in ids if i not in skip])
 
+    def normalize(self, text: str) -> str:
+        """``text`` as the tokenizer sees it (NFKC, whitespace collapsed): what ``decode(encode(text))``
+        gives back when every character is in the vocabulary's alphabet."""
+        return self._sp.normalize(text).replace("\u2581", " ").strip()
+
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """One subword string per id (``▁`` marks a word start), e.g. for attention-plot labels."""
         ids = [int(i) for i in ids]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,8 +71,20 @@ class Translator:
         return cls(loaded.model, loaded.tokenizer, config, **kwargs)
 
     def encode(self, text: str) -> list[int]:
-        # Room for the EOS that collate_sources appends.
-        return self.tokenizer.encode(text)[: self.model.config.max_len - 1]
+        """Subword ids of ``text``, cut to what the model's positions allow (with a warning).
+
+        Longer inputs (say a 100,000-character line) are truncated, not rejected, so that a file
+        still gives one output line per input line; the warning names how many tokens were kept.
+        """
+        ids = self.tokenizer.encode(text)
+        limit = self.model.config.max_len - 1  # room for the EOS that collate_sources appends
+        if len(ids) > limit:
+            warnings.warn(
+                f"an input of {len(ids)} subword tokens ({len(text)} characters) was truncated to the "
+                f"model's limit of {limit} tokens; its translation covers only the beginning",
+                stacklevel=2,
+            )
+        return ids[:limit]
 
     def translate_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
         """Search for each source; empty sources give one empty hypothesis. Keeps the input order."""
@@ -87,6 +100,7 @@ class Translator:
         for batch in batches:
             indices = [todo[j] for j in batch]
             src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
+            src = src.to(self.model.generator.weight.device)  # the model's device (a GPU while training)
             hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config)
             for i, h in zip(indices, hyps):
                 results[i] = h

@@ -182,3 +182,41 @@ def test_saving_over_a_checkpoint_replaces_it_whole(tok, tmp_path):
     assert not (tmp_path / "ckpt" / checkpoint.TRAINER_JSON).exists()  # nothing left from the first
     assert torch.equal(logits(checkpoint.load(tmp_path / "ckpt").model, tok), logits(second, tok))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no .tmp or .old left behind
+
+
+# ---- manifest and crash safety ---------------------------------------------------------------
+
+
+def test_the_manifest_records_every_file_with_its_checksum(saved):
+    manifest = json.loads((saved / checkpoint.MANIFEST).read_text())
+    files = {p.name for p in saved.iterdir()} - {checkpoint.MANIFEST}
+    assert set(manifest["files"]) == files
+    for name, entry in manifest["files"].items():
+        assert entry["bytes"] == (saved / name).stat().st_size
+        assert entry["sha256"] == checkpoint.sha256(saved / name)
+
+
+def test_a_flipped_bit_fails_the_checksum_and_names_the_other_checkpoints(tok, tmp_path):
+    run = tmp_path / "run"
+    for name in ("best", "last"):
+        checkpoint.save(run / name, make_model(tok), tok)
+    weights = run / "last" / checkpoint.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # inside a weight: still valid safetensors, silently wrong numbers
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"last/model\.safetensors fails its SHA-256 check.*other checkpoints.*best"):
+        checkpoint.load(run / "last")
+    checkpoint.load(run / "best")  # the good one still loads
+
+
+def test_a_changed_size_is_caught_by_the_manifest(saved):
+    config = saved / checkpoint.CONFIG
+    config.write_text(config.read_text() + "\n\n")  # still valid JSON with the same content, but not what was saved
+    with pytest.raises(CheckpointError, match=r"config\.json is \d+ bytes, its manifest says \d+"):
+        checkpoint.load(saved)
+
+
+def test_a_crash_between_the_renames_leaves_the_old_checkpoint_usable(tok, saved):
+    expected = logits(checkpoint.load(saved).model, tok)
+    saved.rename(saved.with_name(saved.name + ".old"))  # as if killed after moving the old one aside
+    torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
