@@ -1,0 +1,388 @@
+"""`qkv serve`: the HTTP API, dynamic batching, limits, shutdown, the page in a real browser, fuzzing.
+
+Most tests talk to a real server process (`python -m qkv serve`) on 127.0.0.1 with a real HTTP
+client, serving a tiny model trained here on the generated dates task (no corpus needed).
+"""
+
+import asyncio
+import hashlib
+import importlib.util
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from qkv import checkpoint
+from qkv.decode import DecodeConfig
+from qkv.server import create_app
+from qkv.translate import Translator
+from qkv.visualize import capture_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("load_test", ROOT / "benchmarks" / "load_test.py")
+load_test = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(load_test)
+
+# Inputs the tiny dates model tells apart, so a shuffled answer would be caught.
+DATES = ["9 mai 2017", "3. Oktober 1990", "le 14 juillet 1989", "Tuesday, 9th of May 2017", "21/12/55", "1 enero 2042"]
+
+# A server whose model takes `SLOW_S` longer per batch, to have requests in flight on purpose.
+SLOW_S = 1.5
+SLOW_PRELUDE = f"""
+import time
+import qkv.server as server
+_translate_group = server.Batcher.translate_group
+def _slow(self, *args):
+    time.sleep({SLOW_S})
+    return _translate_group(self, *args)
+server.Batcher.translate_group = _slow
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Transformer trained for 40 steps on generated dates (a few seconds)."""
+    from qkv.demo import train_dates_model
+    from qkv.train import TrainConfig
+
+    out = tmp_path_factory.mktemp("dates")
+    train = TrainConfig(max_tokens=1000, lr=3e-3, warmup_steps=10, eval_every=40, max_steps=40, average_last=1, keep_last=1)
+    train_dates_model(out, n_train=400, n_valid=10, n_test=0, seed=1, train=train, progress=False)
+    return out / "final"
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return checkpoint.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with load_test.ServerProcess(model_dir, "--max-wait-ms", "20", "--log-level", "info", log_path=log) as process:
+        yield process
+
+
+def post(server, body, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/translate", json=body, timeout=60, **kwargs)
+
+
+def expected_translations(loaded, texts: list[str], beam_size: int) -> list[str]:
+    # The server's batch settings (defaults of `qkv serve`), so one request alone is batched identically.
+    translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=beam_size), max_tokens=4096, max_sentences=32)
+    return translator.translate(texts)
+
+
+def test_translations_come_back_in_input_order(server, loaded):
+    texts = [*DATES, ""]
+    expected = expected_translations(loaded, texts, beam_size=5)
+    assert len(set(expected)) >= 4, f"the model must tell the inputs apart for this test to mean anything: {expected}"
+    response = post(server, {"texts": texts})
+    assert response.status_code == 200
+    assert response.json() == {"translations": expected}  # no "attention" unless asked
+    assert expected[-1] == ""
+    reverse = post(server, {"texts": texts[::-1]}).json()["translations"]
+    assert reverse == expected[::-1]
+
+
+def test_attention_comes_with_tokens_and_shapes(server, loaded):
+    model, tok = loaded.model, loaded.tokenizer
+    L, H = model.config.n_decoder_layers, model.config.n_heads
+    texts = DATES[:2]
+    body = post(server, {"texts": texts, "beam_size": 2, "attention": True}).json()
+    assert len(body["attention"]) == len(texts)
+    for text, translation, att in zip(texts, body["translations"], body["attention"]):
+        assert att["source"] == text and att["translation"] == translation
+        assert att["src_tokens"] == tok.pieces([*tok.encode(text), tok.eos_id])
+        assert att["tgt_tokens"][-1] == "</s>"
+        cross = torch.tensor(att["cross"])
+        T, S = len(att["tgt_tokens"]), len(att["src_tokens"])
+        assert cross.shape == (L, H, T, S)
+        torch.testing.assert_close(cross.sum(-1), torch.ones(L, H, T), atol=2e-3, rtol=0)
+        # The weights are those of this very translation, as qkv attend captures them.
+        capture = capture_attention(model, tok, text, DecodeConfig(beam_size=2))
+        assert capture.translation == translation and capture.tgt_tokens == att["tgt_tokens"]
+        torch.testing.assert_close(cross, capture.cross, atol=1e-4, rtol=0)
+        # Asking for attention does not change the translation.
+        assert post(server, {"texts": [text], "beam_size": 2}).json()["translations"] == [translation]
+
+
+def test_model_info_names_the_checkpoint(server, loaded, model_dir):
+    info = httpx.get(f"{server.url}/v1/model").json()
+    assert info["checkpoint"] == str(model_dir.resolve())
+    assert info["sha256"] == hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()[:16]
+    assert info["parameters"] == loaded.model.num_parameters()
+    assert info["vocab_size"] == loaded.tokenizer.vocab_size
+    assert (info["d_model"], info["n_heads"]) == (loaded.model.config.d_model, loaded.model.config.n_heads)
+    assert (info["src_lang"], info["tgt_lang"]) == (loaded.config["data"]["src_lang"], loaded.config["data"]["tgt_lang"])
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    assert "/v1/translate" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+
+
+BAD_REQUESTS = {
+    "empty list": ({"texts": []}, ["body", "texts"]),
+    "too many texts": ({"texts": ["a"] * 65}, ["body", "texts"]),
+    "text too long": ({"texts": ["ok", "a" * 1001]}, ["body", "texts", 1]),
+    "texts not a list": ({"texts": "a sentence"}, ["body", "texts"]),
+    "number as text": ({"texts": [42]}, ["body", "texts", 0]),
+    "texts missing": ({}, ["body", "texts"]),
+    "unknown field": ({"texts": ["a"], "beam": 3}, ["body", "beam"]),
+    "beam 0": ({"texts": ["a"], "beam_size": 0}, ["body", "beam_size"]),
+    "beam 17": ({"texts": ["a"], "beam_size": 17}, ["body", "beam_size"]),
+    "beam as string": ({"texts": ["a"], "beam_size": "5"}, ["body", "beam_size"]),
+    "beam as bool": ({"texts": ["a"], "beam_size": True}, ["body", "beam_size"]),
+    "fractional beam": ({"texts": ["a"], "beam_size": 2.5}, ["body", "beam_size"]),
+    "max_length 0": ({"texts": ["a"], "max_length": 0}, ["body", "max_length"]),
+    "attention as string": ({"texts": ["a"], "attention": "yes"}, ["body", "attention"]),
+    "body a list": (["a"], ["body"]),
+    "invalid JSON": (b'{"texts": [', ["body", 11]),
+    "lone surrogate": (b'{"texts": ["\\ud800"]}', ["body", "texts", 0]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_REQUESTS, ids=list(BAD_REQUESTS))
+def test_bad_requests_get_a_clear_422(server, case):
+    body, location = BAD_REQUESTS[case]
+    if isinstance(body, bytes):
+        response = httpx.post(f"{server.url}/v1/translate", content=body, headers={"content-type": "application/json"})
+    else:
+        response = post(server, body)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/json"
+    problems = response.json()["detail"]
+    assert problems and all(p["msg"] for p in problems)
+    assert location in [p["loc"] for p in problems], problems
+    assert "input" not in problems[0]  # the input is not echoed back (it may be 64 KB)
+
+
+def test_integral_float_is_a_valid_beam_size(server):
+    # JSON Schema counts 2.0 as an integer; the fuzzer sends it and expects it to be accepted.
+    assert post(server, {"texts": ["9 mai 2017"], "beam_size": 2.0}).status_code == 200
+
+
+def test_full_queue_answers_503_with_retry_after(model_dir):
+    app = create_app(model_dir, max_queue=1, max_batch_sentences=1, max_wait_ms=0)
+    batcher = app.state.batcher
+    translate_group = batcher.translate_group
+
+    def slow(*args):
+        time.sleep(0.3)
+        return translate_group(*args)
+
+    batcher.translate_group = slow
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
+                requests = [client.post("/v1/translate", json={"texts": [d], "beam_size": 1}) for d in DATES]
+                responses = await asyncio.gather(*requests)
+                stats = (await client.get("/v1/stats")).json()
+        return responses, stats
+
+    responses, stats = asyncio.run(scenario())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 503}, statuses
+    for r in responses:
+        if r.status_code == 503:
+            assert int(r.headers["retry-after"]) >= 1
+            assert "queue is full" in r.json()["detail"]
+        else:
+            assert len(r.json()["translations"]) == 1
+    assert stats["rejected"] == statuses.count(503)
+    assert stats["requests"] == statuses.count(200)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, loaded):
+    texts = [f"{day} mai {1950 + 5 * day}" for day in range(1, 17)]
+    expected = expected_translations(loaded, texts, beam_size=1)
+    assert len(set(expected)) >= 4, expected
+    before = httpx.get(f"{server.url}/v1/stats").json()
+
+    async def clients():
+        async with httpx.AsyncClient(timeout=60) as client:
+            requests = [client.post(f"{server.url}/v1/translate", json={"texts": [t], "beam_size": 1}) for t in texts]
+            return await asyncio.gather(*requests)
+
+    responses = asyncio.run(clients())
+    assert [r.status_code for r in responses] == [200] * len(texts)
+    assert [r.json()["translations"][0] for r in responses] == expected
+    after = httpx.get(f"{server.url}/v1/stats").json()
+    batches = after["batches"] - before["batches"]
+    assert (after["sentences"] - before["sentences"]) / batches > 1, f"16 requests in {batches} batches"
+
+
+def test_small_load_test_has_no_errors_and_batches(server):
+    result = asyncio.run(load_test.run_load(server.url, clients=8, requests=5, beam=1, max_seconds=120))
+    assert result["errors"] == 0, result["error_examples"]
+    assert result["ok"] == 40
+    assert result["mean_batch_size"] > 1
+    assert result["p50_ms"] <= result["p99_ms"]
+
+
+def test_clients_that_disconnect_do_not_disturb_others(server):
+    request = b'{"texts": ["9 mai 2017", "3. Oktober 1990", "le 14 juillet 1989"], "beam_size": 4}'
+    head = f"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(request)}\r\n\r\n"
+    log_before = len(server.log_path.read_text())
+
+    def hang_up(partial: bool) -> None:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(head.encode() + (request[:10] if partial else request))
+        # closed at once: before the answer (or before the rest of the body)
+
+    async def everyone():
+        async with httpx.AsyncClient(timeout=60) as client:
+            polite = [client.post(f"{server.url}/v1/translate", json={"texts": [d], "beam_size": 4}) for d in DATES]
+            rude = [asyncio.to_thread(hang_up, i % 2 == 1) for i in range(8)]
+            results = await asyncio.gather(*polite, *rude)
+        return results[: len(DATES)]
+
+    responses = asyncio.run(everyone())
+    assert [r.status_code for r in responses] == [200] * len(DATES)
+    time.sleep(0.5)  # let the server finish the abandoned requests
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert post(server, {"texts": ["9 mai 2017"]}).status_code == 200
+    new_log = server.log_path.read_text()[log_before:]
+    assert "Traceback" not in new_log and "ERROR" not in new_log, new_log
+
+
+def test_sigterm_lets_in_flight_requests_finish(model_dir, tmp_path):
+    log = tmp_path / "server.log"
+    server = load_test.ServerProcess(model_dir, "--log-level", "info", log_path=log, prelude=SLOW_PRELUDE).start()
+    results: dict[int, tuple[float, httpx.Response]] = {}
+
+    def call(beam: int) -> None:  # different beams: two batches, the second waits for the first
+        response = httpx.post(f"{server.url}/v1/translate", json={"texts": DATES[:3], "beam_size": beam}, timeout=60)
+        results[beam] = (time.monotonic(), response)
+
+    try:
+        threads = [threading.Thread(target=call, args=(beam,)) for beam in (1, 2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{server.url}/v1/stats").json()["requests"] < 2:
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.02)
+        signalled = time.monotonic()
+        server.terminate()
+        time.sleep(0.5)
+        with pytest.raises(httpx.ConnectError):  # no new connections while draining
+            httpx.get(f"{server.url}/health", timeout=2)
+        for thread in threads:
+            thread.join(30)
+        # uvicorn re-raises the signal once it has shut down cleanly, so the status is "killed by SIGTERM".
+        assert server.process.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        server.stop()
+    for beam in (1, 2):
+        finished, response = results[beam]
+        assert finished > signalled  # it really was in flight at SIGTERM
+        assert response.status_code == 200
+        assert len(response.json()["translations"]) == 3
+    text = log.read_text()
+    assert "Application shutdown complete" in text and "Traceback" not in text, text
+
+
+def test_page_is_self_contained(server):
+    response = httpx.get(f"{server.url}/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "<textarea" in page and "/v1/translate" in page and "attention: true" in page
+    assert not re.search(r"(src|href)=\"(https?:)?//", page), "the page must not load anything from elsewhere"
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1000",
+]
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install -y chromium chromium-driver")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
+    yield driver
+    driver.quit()
+
+
+def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    sentence = DATES[0]
+    api = post(server, {"texts": [sentence], "beam_size": 5, "attention": True}).json()
+    cross = torch.tensor(api["attention"][0]["cross"])  # (L, H, T, S)
+    T = cross.size(2)
+    assert T >= 2, "need at least one target token besides EOS"
+
+    browser.get(server.url + "/")
+    box = browser.find_element(By.ID, "input")
+    box.clear()
+    box.send_keys(sentence)
+    browser.find_element(By.ID, "translate").click()
+    wait = WebDriverWait(browser, 30)
+    shown = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#results .translation"))
+    assert [s.get_attribute("textContent") for s in shown] == api["translations"]
+    wait.until(lambda d: "parameters" in d.find_element(By.ID, "model").text)
+
+    def weights_shown() -> list[float | None]:
+        tokens = browser.find_elements(By.CSS_SELECTOR, "#src-strip .src-tok")
+        assert [t.get_attribute("textContent") for t in tokens] == api["attention"][0]["src_tokens"]
+        return [None if t.get_attribute("data-weight") is None else float(t.get_attribute("data-weight")) for t in tokens]
+
+    def hover_target(t: int) -> None:
+        token = browser.find_elements(By.CSS_SELECTOR, "#tgt-strip .tgt-tok")[t]
+        ActionChains(browser).move_to_element(token).perform()
+        wait.until(lambda d: "hot" in d.find_elements(By.CSS_SELECTOR, "#tgt-strip .tgt-tok")[t].get_attribute("class"))
+
+    assert weights_shown() == [None] * cross.size(3)  # nothing lit before a hover
+    for t in (0, T - 1):  # default view: last layer, average of heads
+        hover_target(t)
+        torch.testing.assert_close(torch.tensor(weights_shown()), cross[-1, :, t].mean(0).float(), atol=2e-4, rtol=0)
+        rows = browser.find_elements(By.CSS_SELECTOR, "#heatmap tr[data-index]")
+        assert ["hot" in (r.get_attribute("class") or "") for r in rows] == [i == t for i in range(T)]
+        colored = browser.find_elements(By.CSS_SELECTOR, "#src-strip .src-tok")[0].value_of_css_property("background-color")
+        assert colored not in ("rgba(0, 0, 0, 0)", "transparent")
+
+    Select(browser.find_element(By.ID, "layer")).select_by_value("0")
+    Select(browser.find_element(By.ID, "head")).select_by_value("1")
+    hover_target(0)
+    torch.testing.assert_close(torch.tensor(weights_shown()), cross[0, 1, 0].float(), atol=2e-4, rtol=0)
+    browser.save_screenshot(str(tmp_path / "page.png"))
+
+
+def test_schemathesis_finds_no_server_errors(model_dir, tmp_path):
+    pytest.importorskip("schemathesis")
+    executable = Path(sys.executable).parent / "schemathesis"
+    if not executable.exists():
+        executable = shutil.which("schemathesis")
+    # Small limits keep each fuzzed request cheap; the fuzzer still probes every bound.
+    args = ["--max-texts", "4", "--max-chars", "100", "--log-level", "warning"]
+    with load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log") as server:
+        run = subprocess.run(
+            [str(executable), "run", f"{server.url}/openapi.json", "--checks", "not_a_server_error",
+             "--max-examples", "60", "--seed", "1", "--workers", "1", "--request-timeout", "30"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )
+        log = server.log()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "No issues found" in run.stdout, run.stdout[-3000:]
+    assert "Traceback" not in log, log
