@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/qkv doctor
+	$(BIN)/qkv demo
 
 test: venv
 	$(BIN)/python -m pytest

@@ -397,9 +397,9 @@ def demo(args: argparse.Namespace) -> int:
     for source, output in result.examples:
         print(f"  {source:>28}  ->  {output}")
     print(f"exact match on {result.n_test} held-out dates: {100 * result.accuracy:.1f}%")
-    print(f"word alignment for {result.examples[0][0]!r}:")
-    for tgt_word, src_word, weight in result.alignment:
-        print(f"  {tgt_word:>12}  <-  {src_word:<12} {weight:.2f}")
+    print(f"where each output piece looked, for {result.examples[0][0]!r} (last layer, heads averaged):")
+    for tgt_piece, src_piece, weight in result.alignment:
+        print(f"  {tgt_piece:>4}  <-  {src_piece:<10} {weight:.2f}")
     print(f"attention picture: {result.picture}  (interactive: {result.page})")
     return 0
 

@@ -19,7 +19,7 @@ from qkv.tasks import date_splits, exact_match
 from qkv.tokenizer import Tokenizer
 from qkv.train import DataConfig, Trainer, TrainConfig
 from qkv.translate import Translator
-from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
+from qkv.visualize import capture_attention, plot_attention, token_alignment, write_html
 
 EXAMPLES = ["Tuesday, 9th of May 2017", "09/05/17", "9 mai 2017", "le 14 juillet 1989", "3. Oktober 1990"]
 
@@ -40,7 +40,7 @@ class DemoResult:
     examples: list[tuple[str, str]]
     picture: Path
     page: Path
-    alignment: list[tuple[str, str, float]] = field(default_factory=list)
+    alignment: list[tuple[str, str, float]] = field(default_factory=list)  # target piece -> source piece
 
 
 def _write_tsv(path: Path, pairs: list[tuple[str, str]]) -> None:
@@ -90,4 +90,4 @@ def run_demo(
     capture = capture_attention(translator.model, translator.tokenizer, EXAMPLES[0], DecodeConfig(beam_size=1))
     picture = plot_attention(capture, out / "attention.png", kind="cross", layer=-1)
     page = write_html(capture, out / "attention.html", kind="cross", layer=-1)
-    return DemoResult(out, accuracy, len(test), trained, seconds, examples, picture, page, word_alignment(capture))
+    return DemoResult(out, accuracy, len(test), trained, seconds, examples, picture, page, token_alignment(capture))

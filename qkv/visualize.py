@@ -117,6 +117,21 @@ def word_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str
     return alignment
 
 
+def token_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str, str, float]]:
+    """For each target subword piece, the source piece it attended to most (head-averaged
+    cross-attention): finer than ``word_alignment`` where a "word" is many pieces ("2017-05-09").
+    EOS and bare word-boundary pieces are left out on both sides."""
+    weights = capture.cross[layer].mean(dim=0)  # (H, T, S) -> (T, S)
+    keep_src = [j for j, piece in enumerate(capture.src_tokens) if piece not in ("</s>", "\u2581")]
+    alignment = []
+    for t, piece in enumerate(capture.tgt_tokens):
+        if piece in ("</s>", "\u2581") or not keep_src:
+            continue
+        best = max(keep_src, key=lambda j: float(weights[t, j]))
+        alignment.append((piece, capture.src_tokens[best], float(weights[t, best])))
+    return alignment
+
+
 def _panels(capture: AttentionCapture, kind: Kind, layer: int, head: int | None) -> list[tuple[str, Tensor]]:
     weights = capture.weights(kind)[layer]  # (H, q, k)
     if head is not None:
