@@ -149,6 +149,11 @@ def checkpoint_checks(path: str) -> list[CheckResult]:
         "People are walking down a busy city street at night.", "A woman plays the guitar.", "Children are swimming.",
         "A cyclist rides past a red building while a crowd watches.", "An old man sits on a bench.",
     ]
+    # 32 sentences of varied lengths, so that batch invariance compares batch size 1 with 32.
+    sentences = (
+        sentences + [s.lower() for s in sentences] + [" ".join(s.split()[: len(s.split()) // 2]) for s in sentences]
+        + [f"Yesterday, {s[0].lower()}{s[1:]}" for s in sentences]
+    )
     sources = [tok.encode(s) for s in sentences]
     ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id)
     return [

@@ -282,3 +282,10 @@ def test_translate_keeps_n_lines_in_n_lines_out(model_dir, tmp_path, lines):
     assert status == 0
     out = target.read_text(encoding="utf-8")
     assert out.count("\n") == len(lines) and (out == "" or out.endswith("\n"))
+
+
+def test_doctor_runs_its_decoding_checks_on_a_trained_checkpoint(model_dir, capsys):
+    assert main(["doctor", "--checkpoint", str(model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "9/9 checks passed" in out and "FAIL" not in out
+    assert out.count("batch invariance (batch 1 vs 32") == 3  # the random model, then this one at beam 1 and 5
