@@ -442,20 +442,42 @@ class Trainer:
         return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
 
     def finish(self) -> dict[str, Any]:
-        """Average the last checkpoints into final/ and validate it."""
-        dirs = self._step_dirs()[-self.train_cfg.average_last :]
-        if len(dirs) > 1:
-            checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs=self.configs(), state_dict=checkpoint.average(dirs))
-        else:
-            shutil.copytree(dirs[-1] if dirs else self.run_dir / "last", self.run_dir / "final.tmp", dirs_exist_ok=True)
-            checkpoint._publish(self.run_dir / "final.tmp", self.run_dir / "final")
-        final = checkpoint.load(self.run_dir / "final")
-        # state_dict() shares storage with the parameters: copy, or loading final/ would overwrite it too.
+        """Write final/: the average of the last k checkpoints for the k <= average_last that validates best.
+
+        Averaging smooths the noise of the last updates (the paper averages the last 5 or 20
+        checkpoints), but in a short run the older checkpoints come from a stretch where the model was
+        still improving fast and drag the average back (measured on Multi30k: the average of 5
+        checkpoints 500 steps apart validated 1.8 BLEU below the newest alone). So every k from
+        average_last down to 1 (the newest checkpoint alone, already validated) is tried on the
+        validation set, and the best by BLEU is kept; a tie goes to the larger average.
+        """
+        dirs = self._step_dirs()
+        if not dirs:  # no evaluation ever ran: validate and save the live weights first
+            self._checkpoint_and_validate(None)
+            dirs = self._step_dirs()
+        # state_dict() shares storage with the parameters: copy, or loading others would overwrite it too.
         live = {name: value.clone() for name, value in self.model.state_dict().items()}
-        self.model.load_state_dict(final.model.state_dict())
-        metrics = self.validate()
+        newest = next((r for r in reversed(self.log.records) if r.get("event") == "valid"), None)
+        best: tuple[float, int, dict[str, Any], dict[str, torch.Tensor] | None] | None = None
+        tried: dict[str, float] = {}
+        for k in range(min(self.train_cfg.average_last, len(dirs)), 0, -1):
+            if k == 1 and newest is not None and newest["step"] == int(dirs[-1].name.split("-")[1]):
+                state, metrics = None, {key: newest[key] for key in ("valid_loss", "bleu", "bleu_lc", "chrf")}
+            else:
+                state = checkpoint.average(dirs[-k:]) if k > 1 else None
+                self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
+                metrics = self.validate()
+            tried[str(k)] = metrics["bleu"]
+            if best is None or metrics["bleu"] > best[0]:
+                best = (metrics["bleu"], k, metrics, state)
         self.model.load_state_dict(live)
-        self.log.write(event="final", step=self.step, averaged=[d.name for d in dirs], **metrics)
+        _, k, metrics, state = best
+        if k > 1:
+            checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs=self.configs(), state_dict=state)
+        else:
+            shutil.copytree(dirs[-1], self.run_dir / "final.tmp", dirs_exist_ok=True)
+            checkpoint._publish(self.run_dir / "final.tmp", self.run_dir / "final")
+        self.log.write(event="final", step=self.step, averaged=[d.name for d in dirs[-k:]], tried_bleu=tried, **metrics)
         return metrics
 
     def run(self, *, progress: bool = True) -> TrainResult:

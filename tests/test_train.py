@@ -149,15 +149,21 @@ def test_a_run_writes_its_checkpoints_log_and_averaged_final(uninterrupted):
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "valid"] == [5, 10, 15, 20]
     assert [r["event"] for r in records][0] == "start" and records[-1]["event"] == "final"
-    assert records[-1]["averaged"] == ["step-000015", "step-000020"]
-    # final/ holds the mean of the two kept checkpoints, not the live weights
+    # final/ is whichever of the mean of the two kept checkpoints and the newest alone validated best
+    final_record = records[-1]
+    assert set(final_record["tried_bleu"]) == {"2", "1"}
+    assert final_record["bleu"] == max(final_record["tried_bleu"].values())
+    chosen = final_record["averaged"]
+    assert chosen in (["step-000015", "step-000020"], ["step-000020"])
+    assert final_record["tried_bleu"][str(len(chosen))] == final_record["bleu"]
     final = checkpoint.load(run / "final").model.state_dict()
-    mean = checkpoint.average([run / "step-000015", run / "step-000020"])
+    mean = checkpoint.average([run / name for name in chosen])
     for name, value in mean.items():
         torch.testing.assert_close(final[name], value, rtol=0, atol=0)
     # and after validating final/, the trainer's model holds its own (last/) weights again
     assert same_weights(uninterrupted.model, checkpoint.load(run / "last").model)
-    assert not torch.equal(final["src_embed.weight"], uninterrupted.model.state_dict()["src_embed.weight"])
+    if len(chosen) == 2:  # an average differs from the live (step 20) weights
+        assert not torch.equal(final["src_embed.weight"], uninterrupted.model.state_dict()["src_embed.weight"])
     # the schedule was applied: step 20 is the end of the tiny preset's warm-up, so the peak
     assert uninterrupted.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(20, peak=3e-3, warmup=20) == 3e-3
 
