@@ -170,7 +170,10 @@ def beam_search(
             scores, history, last = scores[groups], history[groups], last.view(-1, K)[groups].view(-1, 1)
             source_rows = source_rows.view(-1, K)[groups].view(-1)
             memory, src_mask = memory[rows], src_mask[rows]
-        state.reorder(source_rows)
+            state.reorder(rows, kinds=("cross",))
+        # The K beams of a sentence share its source, so their cross-attention caches are equal:
+        # moving beams within a sentence changes only the self-attention caches.
+        state.reorder(source_rows, kinds=("self",))
     results = []
     for hyps in finished:
         hyps.sort(key=lambda h: h.score, reverse=True)

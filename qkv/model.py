@@ -152,10 +152,11 @@ class DecoderState:
     def empty(cls, n_layers: int) -> DecoderState:
         return cls(layers=[{"self": {}, "cross": {}} for _ in range(n_layers)])
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search reorders hypotheses and drops finished ones)."""
+    def reorder(self, index: Tensor, kinds: tuple[str, ...] = ("self", "cross")) -> None:
+        """Keep batch rows ``index`` of the ``kinds`` caches (beam search reorders hypotheses and drops finished ones)."""
         for layer in self.layers:
-            for cache in layer.values():
+            for kind in kinds:
+                cache = layer[kind]
                 for name, tensor in cache.items():
                     cache[name] = tensor.index_select(0, index)
 
