@@ -118,6 +118,15 @@ def any_rank(flags: list[bool], ctx: Context) -> list[bool]:
     return [bool(n > 0) for n in all_reduce_sum(torch.tensor([float(f) for f in flags]), ctx).tolist()]
 
 
+def broadcast_value(value: float, ctx: Context) -> float:
+    """Rank 0's ``value`` on every rank (a clock reading, so that time-based decisions agree)."""
+    if not ctx.parallel:
+        return float(value)
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=ctx.device)
+    dist.broadcast(tensor, src=0)
+    return float(tensor.item())
+
+
 def broadcast_flag(flag: bool, ctx: Context) -> bool:
     """Rank 0's ``flag`` on every rank."""
     if not ctx.parallel:

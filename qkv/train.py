@@ -75,6 +75,7 @@ class TrainConfig:
     bf16: bool = False  # bfloat16 autocast on a GPU; ignored (with a warning) on the CPU
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
+    cooldown: float = 0.0  # last fraction of the run (of time_budget or max_steps) where lr falls linearly to 0
     beta1: float = 0.9
     beta2: float = 0.98  # the paper's
     eps: float = 1e-9
@@ -104,6 +105,8 @@ class TrainConfig:
             raise ValueError("need 1 <= average_last <= keep_last")
         if self.accumulate < 1:
             raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
+        if not 0 <= self.cooldown <= 1:
+            raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ TRAIN_PRESETS: dict[str, Preset] = {
     # and more dropout than the paper (29k sentences are seen ~40 times in an hour).
     "multi30k": Preset(
         "transformer-tiny",
-        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, eval_every=500),
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, cooldown=0.2, eval_every=500),
         DataConfig(vocab_size=8000),
         model_overrides=(("norm_first", True), ("dropout", 0.2)),
     ),
@@ -138,6 +141,18 @@ def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
     if warmup == 0:
         return peak
     return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def cooldown_factor(progress: float | None, cooldown: float) -> float:
+    """1 until the last ``cooldown`` fraction of the run, then falling linearly to 0 at its end.
+
+    ``progress`` is the fraction of the run done (of the time budget, or of max_steps), None when the
+    run has no known end. A short linear decay at the end of a fixed budget ("warm-up, stable, decay")
+    lands in a sharper minimum than stopping at a still-high learning rate; measured on Multi30k in the README.
+    """
+    if progress is None or cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, *, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor]:
@@ -348,6 +363,13 @@ class Trainer:
         )
         return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]
 
+    def progress(self) -> float | None:
+        """Fraction of the run done (of the time budget or of max_steps, whichever ends it first); None if open-ended."""
+        cfg = self.train_cfg
+        fractions = [self.elapsed / cfg.time_budget] if cfg.time_budget else []
+        fractions += [self.step / cfg.max_steps] if cfg.max_steps else []
+        return max(fractions, default=None)
+
     def train_step(self, batches: list[list[int]]) -> tuple[float, int, bool]:
         """One optimizer update on this process's micro-batches (lists of example indices).
 
@@ -360,7 +382,7 @@ class Trainer:
         inputs = [self._collate(indices) for indices in batches]
         local_tokens = sum(int((tgt_out != tok.pad_id).sum()) for _, _, tgt_out in inputs)
         n_tokens = int(distributed.all_reduce_sum(torch.tensor([local_tokens]), ctx).item())
-        lr = inverse_sqrt_lr(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps)
+        lr = inverse_sqrt_lr(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps) * cooldown_factor(self.progress(), cfg.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.train_model.train()
@@ -492,13 +514,21 @@ class Trainer:
         bar = tqdm(total=total, initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
         started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
         window_tokens, window_start, skipped = 0, time.monotonic(), 0
-        # A rank must not stop alone in the middle of a collective (the others would fail with a
-        # broken connection, and nothing would be saved). So with several ranks, Ctrl-C (which
-        # torchrun passes on to every rank) only raises a flag, and the ranks stop together after a step.
+        # Ctrl-C only raises a flag, and training stops after the current step: a KeyboardInterrupt
+        # raised at an arbitrary point could be swallowed by library code, and a rank must not stop
+        # alone in the middle of a collective (the others would fail with a broken connection, and
+        # nothing would be saved); torchrun passes Ctrl-C on to every rank, and they stop together.
+        # A second Ctrl-C interrupts at once.
         interrupted, stopping_together = [], False
         previous_handler = None
-        if ctx.world_size > 1 and threading.current_thread() is threading.main_thread():
-            previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+
+        def on_sigint(signum: int, frame: Any) -> None:
+            if interrupted:
+                raise KeyboardInterrupt
+            interrupted.append(signum)
+
+        if threading.current_thread() is threading.main_thread():
+            previous_handler = signal.signal(signal.SIGINT, on_sigint)
         try:
             while self.epoch < cfg.max_epochs and stopped_because == "max_epochs":
                 batches = self.batches(self.epoch)
@@ -514,7 +544,8 @@ class Trainer:
                     self.step += 1
                     skipped += not applied
                     window_tokens += n_tokens
-                    self.elapsed = time.monotonic() - started
+                    # Rank 0's clock on every rank: the learning rate and the stop depend on it.
+                    self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
                     if self.step % 50 == 0 or not applied:
                         rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
                         lr = self.optimizer.param_groups[0]["lr"]
@@ -547,7 +578,7 @@ class Trainer:
         except KeyboardInterrupt:
             bar.close()
             # Only after a stop all ranks agreed on can they still talk (and send rank 0 their generators).
-            rank_rng = distributed.gather_rng_states(ctx) if stopping_together else None
+            rank_rng = distributed.gather_rng_states(ctx) if stopping_together and ctx.parallel else None
             if ctx.is_main:
                 self.save(self.run_dir / "last", rank_rng=rank_rng)
                 self.log.write(event="interrupted", step=self.step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,7 +13,7 @@ from conftest import MULTI30K, needs_multi30k
 
 from qkv import checkpoint
 from qkv.config import ConfigError
-from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, inverse_sqrt_lr, label_smoothed_loss
+from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
 
@@ -81,6 +82,22 @@ def test_schedule_warms_up_linearly_then_decays_with_inverse_sqrt():
         assert lr[step - 1] * math.sqrt(step) == pytest.approx(peak * math.sqrt(w), rel=1e-12)
 
 
+def test_cooldown_is_flat_then_falls_linearly_to_zero_at_the_end_of_the_run():
+    assert cooldown_factor(None, 0.2) == 1.0  # an open-ended run has no end to cool down towards
+    assert cooldown_factor(0.5, 0.0) == 1.0  # disabled
+    for progress in (0.0, 0.5, 0.79):
+        assert cooldown_factor(progress, 0.2) == 1.0
+    assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
+    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
+    assert cooldown_factor(0.95, 0.2) == pytest.approx(0.25)
+    assert cooldown_factor(1.0, 0.2) == 0.0
+    assert cooldown_factor(1.3, 0.2) == 0.0  # past the budget (the last step runs over): never negative
+    factors = [cooldown_factor(p / 100, 0.3) for p in range(70, 101)]
+    assert all(a > b for a, b in zip(factors, factors[1:]))
+    with pytest.raises(ValueError, match="cooldown"):
+        TrainConfig(cooldown=1.5)
+
+
 # ---- configs ---------------------------------------------------------------------------------
 
 
@@ -111,6 +128,7 @@ class RecordingTrainer(Trainer):
             raise KeyboardInterrupt
         result = super().train_step(indices)
         self.__dict__.setdefault("losses", []).append(result[0])
+        self.__dict__.setdefault("lrs", []).append(self.optimizer.param_groups[0]["lr"])
         return result
 
 
@@ -166,6 +184,18 @@ def test_a_run_writes_its_checkpoints_log_and_averaged_final(uninterrupted):
         assert not torch.equal(final["src_embed.weight"], uninterrupted.model.state_dict()["src_embed.weight"])
     # the schedule was applied: step 20 is the end of the tiny preset's warm-up, so the peak
     assert uninterrupted.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(20, peak=3e-3, warmup=20) == 3e-3
+
+
+@needs_multi30k
+def test_cooldown_brings_the_learning_rate_down_over_the_last_steps(tmp_path):
+    model, train, data = tiny_configs(8)
+    train = dataclasses.replace(train, cooldown=0.5, eval_every=8)
+    trainer = RecordingTrainer(tmp_path / "run", model, train, data)
+    trainer.run(progress=False)
+    warm = [inverse_sqrt_lr(step, peak=train.lr, warmup=train.warmup_steps) for step in range(1, 9)]
+    # step s starts at progress (s - 1) / 8: flat through step 5, then 3/4, 1/2, 1/4 of the schedule
+    factors = [1, 1, 1, 1, 1, 0.75, 0.5, 0.25]
+    assert trainer.lrs == pytest.approx([w * f for w, f in zip(warm, factors)], rel=1e-12)
 
 
 @needs_multi30k
