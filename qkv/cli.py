@@ -431,6 +431,48 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--format", default="ctranslate2", choices=["ctranslate2"], help="target format (default ctranslate2)")
+    p.add_argument("--out", required=True, help="directory to write the exported model into")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    p.add_argument("--check", type=int, default=100, metavar="N", help="translate N sentences with both at beam 1 and 5 and compare (0: skip; default 100)")
+    p.add_argument("--check-file", help="sentences for the check, one per line (default: Multi30k test_2016_flickr)")
+
+
+@command("export", "export a checkpoint to CTranslate2, with a parity check against qkv's own decoding", _export_args)
+def export_command(args: argparse.Namespace) -> int:
+    from qkv import checkpoint
+    from qkv.data import DataError, load_multi30k
+    from qkv.export import export_ctranslate2, parity_check
+
+    out = export_ctranslate2(args.checkpoint, args.out, force=args.force)
+    print(f"wrote {args.format} model to {out}")
+    if args.check <= 0:
+        return 0
+    if args.check_file:
+        sources = Path(args.check_file).read_text(encoding="utf-8").splitlines()
+    else:
+        data = checkpoint.read_config(args.checkpoint).get("data", {})
+        try:
+            sources = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data.get("data_dir")).src
+        except DataError as error:
+            print(f"parity check skipped: no check sentences ({error}); pass --check-file FILE", file=sys.stderr)
+            return 0
+    worst = 1.0
+    for beam in (1, 5):
+        report = parity_check(args.checkpoint, out, sources[: args.check], beam_size=beam)
+        worst = min(worst, report.rate)
+        print(f"parity, beam {beam}: {report.identical}/{report.n} identical ({100 * report.rate:.1f}%); "
+              f"qkv {report.qkv_seconds:.2f}s, ctranslate2 {report.ct2_seconds:.2f}s")
+        for source, ours, theirs in report.examples:
+            print(f"  differs: {source!r}\n    qkv:         {ours!r}\n    ctranslate2: {theirs!r}")
+    if worst < 0.99:
+        print("parity below 99%: the export does not reproduce this model's translations", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")

@@ -1,11 +1,14 @@
-"""Parity with Hugging Face's Marian: the same weights give the same logits."""
+"""Parity with Hugging Face's Marian (and Pegasus) in both directions: the same weights give the same logits."""
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from qkv.convert import from_marian  # noqa: E402
+from qkv.config import ModelConfig  # noqa: E402
+from qkv.convert import from_marian, to_marian, to_pegasus, with_position_layout  # noqa: E402
+from qkv.decode import DecodeConfig, greedy_search  # noqa: E402
+from qkv.model import Transformer  # noqa: E402
 
 PAD = 5
 
@@ -98,3 +101,83 @@ def test_parity_fails_when_one_marian_weight_is_perturbed(name):
     with torch.no_grad():
         diff = (ours(src, tgt) - marian_logits(hf, src, tgt)).abs().max()
     assert diff > 1e-4
+
+
+# ---- qkv -> Hugging Face ------------------------------------------------------------------------
+
+BOS, EOS = 2, 3
+
+
+def qkv_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        src_vocab_size=40, tgt_vocab_size=40, d_model=32, n_heads=4, d_ff=48, n_encoder_layers=2,
+        n_decoder_layers=2, dropout=0.0, max_len=64, pad_id=PAD, output_bias=True, **overrides,
+    )
+    model = Transformer(config).eval()
+    with torch.no_grad():  # large weights: peaked attention, so a wrong projection shows in the logits
+        for param in model.parameters():
+            param.normal_(0, 0.25 if param.dim() > 1 else 0.1)
+    return model
+
+
+def qkv_batch():
+    src, tgt = batch()
+    tgt[:, 0] = BOS  # qkv starts the target with BOS; the export makes it Marian's decoder start
+    return src, tgt
+
+
+def test_position_layout_change_is_exact():
+    model = qkv_model(activation="gelu", norm_first=True)
+    split = with_position_layout(model, "split")
+    assert split.config.position_layout == "split"
+    src, tgt = qkv_batch()
+    with torch.no_grad():
+        expected = model(src, tgt)
+        torch.testing.assert_close(split(src, tgt), expected, atol=1e-5, rtol=0)
+        back = with_position_layout(split, "interleaved")
+        torch.testing.assert_close(back(src, tgt), expected, atol=1e-5, rtol=0)
+        # Changing only the flag, without moving the weights, is a different model.
+        relabelled = Transformer(model.config.replace(position_layout="split")).eval()
+        relabelled.load_state_dict(model.state_dict())
+        assert (relabelled(src, tgt) - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("overrides", [dict(activation="silu"), dict(activation="relu", share_embeddings=False, position_layout="split")])
+def test_to_marian_round_trip(overrides):
+    ours = qkv_model(**overrides)
+    hf = to_marian(ours, bos_id=BOS, eos_id=EOS)
+    assert isinstance(hf, transformers.MarianMTModel)
+    src, tgt = qkv_batch()
+    with torch.no_grad():
+        expected = ours(src, tgt)
+        torch.testing.assert_close(marian_logits(hf, src, tgt), expected, atol=1e-5, rtol=0)
+        back = from_marian(hf)  # qkv -> Marian -> qkv: split positions, the same function
+        torch.testing.assert_close(back(src, tgt), expected, atol=1e-5, rtol=0)
+
+
+def test_marian_generate_matches_qkv_greedy():
+    ours = qkv_model(activation="silu")
+    with torch.no_grad():
+        ours.generator.bias[EOS] = 1.0  # some outputs end before the length limit
+    hf = to_marian(ours, bos_id=BOS, eos_id=EOS)
+    src, _ = qkv_batch()
+    src = src[:1, :6]  # one unpadded sentence: generate's max_new_tokens is per batch
+    config = DecodeConfig(beam_size=1)
+    expected = greedy_search(ours, src, bos_id=BOS, eos_id=EOS, config=config)[0]
+    limit = int(config.max_len_a * src.size(1) + config.max_len_b)
+    with torch.no_grad():
+        out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), max_new_tokens=limit, num_beams=1, do_sample=False)
+    tokens = out[0, 1:].tolist()  # without the decoder start (BOS)
+    assert tokens[: len(expected)] == expected
+    assert tokens[len(expected) :] in ([], [EOS])
+
+
+def test_to_pegasus_for_pre_ln():
+    ours = qkv_model(norm_first=True, activation="gelu")
+    with pytest.raises(ValueError, match="pre-LN"):
+        to_marian(ours, bos_id=BOS, eos_id=EOS)
+    hf = to_pegasus(ours, bos_id=BOS, eos_id=EOS)
+    src, tgt = qkv_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(marian_logits(hf, src, tgt), ours(src, tgt), atol=1e-5, rtol=0)

@@ -1,0 +1,1 @@
+"""qkv's benchmarks: ``python -m benchmarks.run --help`` (``load_test.py`` is the HTTP server's load test)."""

@@ -1,0 +1,145 @@
+"""Measurements that need a process of their own: peak memory of one configuration.
+
+Peak memory on CPU is the growth of the resident set during one forward+backward pass, in a fresh
+process per configuration: reset the kernel's high-water mark (``echo 5 > /proc/self/clear_refs``),
+run the step, then read ``VmHWM`` minus the ``VmRSS`` before it (Linux only). It counts everything
+the step touched (activations, gradients, workspace), not only tensors torch's allocator tracked.
+
+    python -m benchmarks.probe '{"kind": "attention", "impl": "qkv", "n": 256}'   # prints one JSON line
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _status_mb(key: str) -> float:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{key}:\s+(\d+)", text).group(1)) / 1024
+
+
+def peak_growth_mb(step: Callable[[], None]) -> float:
+    """MB the resident set grew to, above its size before, while ``step`` ran."""
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_mb("VmRSS")
+    step()
+    return _status_mb("VmHWM") - before
+
+
+def time_it(step: Callable[[], None], *, reps: int, max_seconds: float) -> dict[str, float]:
+    """Median and min milliseconds of ``step`` after one warm-up call, within ``max_seconds``."""
+    step()
+    times: list[float] = []
+    end = time.perf_counter() + max_seconds
+    while len(times) < reps and (not times or time.perf_counter() < end):
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times)}
+
+
+def attention_step(impl: str, n: int, d_model: int, n_heads: int) -> Callable[[], None]:
+    """One forward+backward of self-attention over ``n`` positions (batch 1) with a padding mask
+    in which every key is real, as for the longest sentence of a batch."""
+    from torch import nn
+    import torch.nn.functional as F
+
+    from benchmarks.baselines import TutorialAttention
+    from qkv.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    x = torch.randn(1, n, d_model, requires_grad=True)
+    keep = torch.ones(1, n, dtype=torch.bool)  # True = real key
+    if impl == "qkv":
+        module = MultiHeadAttention(d_model, n_heads)
+        forward = lambda: module(x, key_mask=keep)[0]  # noqa: E731
+    elif impl == "tutorial":
+        module = TutorialAttention(d_model, n_heads)
+        mask = keep[:, None, None, :]
+        forward = lambda: module(x, x, x, mask)  # noqa: E731
+    elif impl == "torch_mha":
+        module = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+        # need_weights=False: its default (True) materialises the averaged weights on a slower path.
+        forward = lambda: module(x, x, x, key_padding_mask=~keep, need_weights=False)[0]  # noqa: E731
+    elif impl == "sdpa":
+        # The same projections, then PyTorch's fused kernel called directly: the floor for qkv.
+        module = nn.ModuleDict({"in_proj": nn.Linear(d_model, 3 * d_model), "out_proj": nn.Linear(d_model, d_model)})
+        mask = keep[:, None, None, :]
+
+        def forward():
+            q, k, v = module["in_proj"](x).view(1, n, 3, n_heads, d_model // n_heads).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (1, H, n, d)
+            return module["out_proj"](out.transpose(1, 2).reshape(1, n, d_model))
+    else:
+        raise ValueError(f"unknown attention implementation {impl!r}")
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        forward().sum().backward()
+
+    return step
+
+
+def train_memory_step(batch_tokens: int, length: int, model: dict) -> Callable[[], None]:
+    """One qkv training step (forward, label-smoothed loss, backward, Adam) on ``batch_tokens``
+    source and target tokens per side, in sentences of ``length`` tokens."""
+    from qkv.config import ModelConfig
+    from qkv.model import Transformer
+    from qkv.train import label_smoothed_loss
+
+    torch.manual_seed(0)
+    config = ModelConfig.from_dict(model)
+    net = Transformer(config).train()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-4)
+    B = max(1, batch_tokens // length)
+    src = torch.randint(4, config.src_vocab_size, (B, length))
+    tgt = torch.randint(4, config.tgt_vocab_size, (B, length + 1))
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss, n = label_smoothed_loss(net(src, tgt[:, :-1]), tgt[:, 1:], pad_id=config.pad_id, smoothing=0.1)
+        (loss / n).backward()
+        optimizer.step()
+
+    return step
+
+
+def main(spec: dict) -> dict:
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
+    if spec["kind"] == "attention":
+        step = attention_step(spec["impl"], spec["n"], spec.get("d_model", 512), spec.get("n_heads", 8))
+    elif spec["kind"] == "train_memory":
+        step = train_memory_step(spec["batch_tokens"], spec["length"], spec["model"])
+    else:
+        raise ValueError(f"unknown probe kind {spec['kind']!r}")
+    result = {"peak_mb": round(peak_growth_mb(step), 1)}
+    if spec.get("reps", 0) > 0:
+        result |= time_it(step, reps=spec["reps"], max_seconds=spec.get("max_seconds", 10.0))
+    return result
+
+
+def run_probe(spec: dict, timeout: float = 600) -> dict:
+    """Run ``main(spec)`` in a fresh Python process and return its result (or an ``error``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.probe", json.dumps(spec)], cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))

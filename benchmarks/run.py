@@ -1,0 +1,135 @@
+"""Run qkv's benchmarks and write ``results.json`` and ``results.md`` (plus plots) to ``--out``.
+
+    .venv/bin/python -m benchmarks.run --out benchmarks/results --checkpoint runs/en-de/final
+    .venv/bin/python -m benchmarks.run --smoke --out /tmp/bench      # seconds: small sizes, few steps
+
+Sections: (a) attention, (b) training throughput, (c) translation (needs ``--checkpoint``; skipped
+with a printed reason otherwise), (d) scaling. ``--only a,c`` runs some of them. Speed targets are
+printed as ratios; nothing here asserts a timing. The machine is described in both outputs, with the
+load average before and after each section, so a busy machine shows in the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import attention, scaling, training, translation
+from benchmarks.baselines import matmul_peak
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
+SECTIONS = {"a": "attention", "b": "training", "c": "translation", "d": "scaling"}
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("ctranslate2", "transformers"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    return {"cpu": cpu, "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), **versions}
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    lines = [
+        f"# qkv benchmarks ({'smoke' if results['smoke'] else 'full'} run, {results['started']})",
+        "",
+        f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} ({m['torch_threads']} threads), "
+        f"Python {m['python']}, CTranslate2 {m['ctranslate2']}, transformers {m['transformers']}. "
+        f"fp32 matmul peak measured: {results['matmul_peak_gflops']:.0f} GFLOP/s.",
+        f"Load average (1 min) before/after each section: "
+        + ", ".join(f"{name} {v['load_before'][0]}/{v['load_after'][0]}" for name, v in results["sections"].items() if "load_before" in v)
+        + f" (a quiet machine stays near {m['torch_threads']} while a benchmark runs, and near 0 between).",
+        f"Command: `{results['command']}`",
+        "",
+    ]
+    modules = {"attention": attention, "training": training, "translation": translation, "scaling": scaling}
+    for name, section in results["sections"].items():
+        if "skipped" in section:
+            lines += [f"### {name}: skipped ({section['skipped']})", ""]
+        elif "error" in section:
+            lines += [f"### {name}: failed ({section['error']})", ""]
+        else:
+            lines += [modules[name].markdown(section), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results", help="directory for results.json, results.md and plots")
+    parser.add_argument("--checkpoint", help="trained checkpoint for (c) translation (e.g. runs/en-de/final)")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA), help="Multi30k directory")
+    parser.add_argument("--smoke", action="store_true", help="small sizes and few steps: a check that everything runs")
+    parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = [SECTIONS[s.strip()] for s in args.only.split(",") if s.strip()]
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    results = {"machine": machine(), "smoke": args.smoke, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]), "sections": {}}
+    log(f"machine: {results['machine']}; load {load()}")
+    peak = matmul_peak(seconds=1.0 if args.smoke else 3.0)
+    results["matmul_peak_gflops"] = round(peak / 1e9, 1)
+    log(f"fp32 matmul peak: {peak / 1e9:.0f} GFLOP/s")
+    tokenizer = Path(args.checkpoint) / "tokenizer.model" if args.checkpoint else None
+    for name in wanted:
+        started, before = time.perf_counter(), load()
+        if name == "translation" and not args.checkpoint:
+            reason = "no --checkpoint given; pass a trained checkpoint, e.g. --checkpoint runs/en-de/final"
+            log(f"translation: skipped ({reason})")
+            results["sections"][name] = {"skipped": reason}
+            continue
+        if name == "attention":
+            section = attention.run(smoke=args.smoke, threads=threads, log=log)
+        elif name == "training":
+            section = training.run(smoke=args.smoke, data_dir=args.data_dir,
+                                   tokenizer_from=tokenizer if tokenizer and tokenizer.exists() else None,
+                                   peak_flops=peak, log=log)
+        elif name == "translation":
+            section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
+                                      threads=threads, log=log)
+        else:
+            section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log)
+        section |= {"seconds": round(time.perf_counter() - started, 1), "load_before": before, "load_after": load()}
+        results["sections"][name] = section
+        log(f"{name}: done in {section['seconds']}s")
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(markdown(results) + "\n", encoding="utf-8")
+    log(f"wrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
