@@ -345,7 +345,7 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sentence", help="the source sentence to translate and inspect")
     p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")
     p.add_argument("--layer", type=int, default=-1, help="layer to draw, 1-based (default: the last)")
-    p.add_argument("--head", type=int, help="draw only this head (0-based; default: every head and their average)")
+    p.add_argument("--head", type=int, help="draw only this head, 1-based like --layer (default: every head and their average)")
     p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
     p.add_argument("--json", help="also write every layer's and head's weights, with the tokens, to this JSON file")
 
@@ -362,9 +362,10 @@ def attend(args: argparse.Namespace) -> int:
     if not -n_layers <= layer < n_layers:
         raise ValueError(f"--layer must be between 1 and {n_layers}")
     n_heads = capture.cross.size(1)
-    if args.head is not None and not 0 <= args.head < n_heads:
-        raise ValueError(f"--head must be between 0 and {n_heads - 1}")
-    png = plot_attention(capture, f"{args.out}.png", kind=args.kind, layer=layer, head=args.head)
+    if args.head is not None and not 1 <= args.head <= n_heads:
+        raise ValueError(f"--head must be between 1 and {n_heads}")
+    head = None if args.head is None else args.head - 1
+    png = plot_attention(capture, f"{args.out}.png", kind=args.kind, layer=layer, head=head)
     page = write_html(capture, f"{args.out}.html", kind=args.kind, layer=layer)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

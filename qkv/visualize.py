@@ -135,14 +135,17 @@ def token_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[st
 def _panels(capture: AttentionCapture, kind: Kind, layer: int, head: int | None) -> list[tuple[str, Tensor]]:
     weights = capture.weights(kind)[layer]  # (H, q, k)
     if head is not None:
-        return [(f"head {head}", weights[head])]
-    return [(f"head {h}", weights[h]) for h in range(weights.size(0))] + [("average of heads", weights.mean(0))]
+        return [(f"head {head % weights.size(0) + 1}", weights[head])]
+    return [(f"head {h + 1}", weights[h]) for h in range(weights.size(0))] + [("average of heads", weights.mean(0))]
 
 
 def plot_attention(
     capture: AttentionCapture, path: str | Path, *, kind: Kind = "cross", layer: int = -1, head: int | None = None
 ) -> Path:
-    """Heatmaps (keys on x, queries on y) of every head of one layer plus their average, as a PNG."""
+    """Heatmaps (keys on x, queries on y) of every head of one layer plus their average, as a PNG.
+
+    `layer` and `head` are Python indices (0-based, negative from the end); titles number heads from 1.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -241,7 +244,7 @@ function refresh(initialLayer) {
   const nLayers = DATA[wKey].length, nHeads = DATA[wKey][0].length;
   const layer = initialLayer ?? Math.min(+$("layer").value, nLayers - 1);
   options($("layer"), [...Array(nLayers).keys()].map((l) => [l, `${l + 1}`]), layer);
-  options($("head"), [["avg", "average"], ...[...Array(nHeads).keys()].map((h) => [h, `${h}`])], $("head").value || "avg");
+  options($("head"), [["avg", "average"], ...[...Array(nHeads).keys()].map((h) => [h, `${h + 1}`])], $("head").value || "avg");
   render();
 }
 options($("kind"), Object.keys(KINDS).map((k) => [k, k]), %(kind)s);

@@ -12,7 +12,7 @@ from qkv.decode import DecodeConfig, search
 from qkv.model import Transformer
 from qkv.tokenizer import Tokenizer
 from qkv.translate import collate_sources
-from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
+from qkv.visualize import _panels, capture_attention, plot_attention, word_alignment, write_html
 
 SENTENCES = ["a man rides a red bike", "two dogs play in the snow", "a woman reads a book", "children run on the beach"]
 
@@ -101,3 +101,16 @@ def test_attend_command_writes_png_html_json(model_dir, tmp_path, capsys):
     assert (tmp_path / "w.json").exists()
     assert "word alignment" in capsys.readouterr().out
     assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", str(out), "--layer", "9"]) == 2
+
+
+def test_heads_are_numbered_from_one_like_layers(model_dir, tmp_path):
+    loaded = checkpoint.load(model_dir)
+    cap = capture_attention(loaded.model, loaded.tokenizer, SENTENCES[0], DecodeConfig(beam_size=1, max_len_b=5))
+    titles = [title for title, _ in _panels(cap, "cross", -1, None)]
+    assert titles == ["head 1", "head 2", "average of heads"]
+    [(title, weights)] = _panels(cap, "cross", -1, 1)
+    assert title == "head 2" and torch.equal(weights, cap.cross[-1, 1])
+    out = str(tmp_path / "pic")
+    assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "2"]) == 0
+    assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "0"]) == 2
+    assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "3"]) == 2
