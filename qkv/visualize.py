@@ -134,9 +134,10 @@ def token_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[st
 
 def _panels(capture: AttentionCapture, kind: Kind, layer: int, head: int | None) -> list[tuple[str, Tensor]]:
     weights = capture.weights(kind)[layer]  # (H, q, k)
+    heads = [(f"head {h + 1}", weights[h]) for h in range(weights.size(0))]
     if head is not None:
-        return [(f"head {head % weights.size(0) + 1}", weights[head])]
-    return [(f"head {h + 1}", weights[h]) for h in range(weights.size(0))] + [("average of heads", weights.mean(0))]
+        return [heads[head]]
+    return heads + [("average of heads", weights.mean(0))]
 
 
 def plot_attention(
