@@ -5,31 +5,46 @@ A checkpoint directory holds
     config.json          format version, the model config and the training/data configs
     tokenizer.model      the SentencePiece model, so the directory alone translates
 and, for checkpoints a run can resume from,
-    trainer.safetensors  optimizer moments and the torch RNG state
+    trainer.safetensors  optimizer moments and the torch RNG states (CPU and CUDA)
     trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
 and last
-    manifest.json        every other file's size and SHA-256, checked on load
-Directories are written under a temporary name, fsynced and renamed into place, so a crash mid-write
-never leaves a half-written checkpoint under the real name; a file damaged later (a truncated copy,
-a flipped bit, a full disk) fails its checksum with an error naming the file and the run's other
-checkpoints to use instead.
+    manifest.json        every other file's size and SHA-256
+
+Loading verifies before it parses: the manifest must exist and name only the files above, each a
+regular file (no symlinks, devices or paths outside the directory) of the recorded size and checksum;
+only then are config.json, the weights and the tokenizer read, and the weights' shapes are checked
+against the config before any model memory is allocated.
+
+Writing goes to ``NAME.tmp/`` (each file and the directory fsynced), then ``NAME`` is moved aside to
+``NAME.old/``, ``NAME.tmp/`` renamed into place and the parent fsynced, and only then is
+``NAME.old/`` deleted. A crash between the two renames leaves ``NAME.old/``, which ``resolve`` loads
+and the next save puts back before anything is deleted. A lock on the parent directory keeps two
+processes from writing into the same ``NAME.tmp/``. Only directories that hold nothing but
+checkpoint files are ever replaced or deleted.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import random
+import re
 import shutil
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file, save_model
 
 from qkv.config import ModelConfig
 from qkv.model import Transformer
@@ -39,6 +54,10 @@ FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 MANIFEST = "manifest.json"
+REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
+FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, MANIFEST))  # all a checkpoint may hold
+MAX_MANIFEST_BYTES = 1 << 20
+LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
 
 
 class CheckpointError(ValueError):
@@ -56,17 +75,45 @@ class Checkpoint:
 def resolve(path: str | Path) -> Path:
     """The checkpoint directory for ``path``: the directory itself, or a run's ``final``/``best``/``last``."""
     path = Path(path)
-    previous = path.with_name(path.name + ".old")
+    previous = _old(path)
     if not path.exists() and (previous / CONFIG).exists():
         return previous  # a crash came between the two renames of _publish: the old one is whole
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    if (path / CONFIG).exists() or (path / WEIGHTS).exists():
+    if (path / CONFIG).exists() or (path / WEIGHTS).exists() or (path / MANIFEST).exists():
         return path
     for name in ("final", "best", "last"):
-        if (path / name / CONFIG).exists():
-            return path / name
+        if (path / name / CONFIG).exists() or (_old(path / name) / CONFIG).exists():
+            return resolve(path / name)
     raise CheckpointError(f"{path} is not a checkpoint directory (no {CONFIG} or {WEIGHTS} in it)")
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(path.name + ".old")
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def step_number(path: Path) -> int | None:
+    """N for a ``step-N`` directory name, else None."""
+    match = re.fullmatch(r"step-(\d+)", path.name)
+    return int(match.group(1)) if match else None
+
+
+def step_dirs(run_dir: Path) -> list[Path]:
+    """A run's ``step-N`` checkpoints, oldest first, ordered by N (not as text: step-1000000 > step-999999)."""
+    dirs = [d for d in run_dir.glob("step-*") if step_number(d) is not None and d.is_dir()]
+    return sorted(dirs, key=step_number)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """True for a real directory that holds nothing but checkpoint files (or nothing): what qkv may
+    replace or delete. A user's directory with any other file in it is never one."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return all(p.name in FILES and not p.is_dir() for p in path.iterdir())
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -94,61 +141,148 @@ def _other_checkpoints(directory: Path) -> str:
     """The run's other checkpoint directories, as a hint after an error about ``directory``."""
     parent = directory.resolve().parent
     names = [d.name for d in (parent / n for n in ("final", "best", "last")) if (d / CONFIG).exists()]
-    names += [d.name for d in sorted(parent.glob("step-[0-9]*[0-9]"), reverse=True) if (d / CONFIG).exists()]
+    names += [d.name for d in reversed(step_dirs(parent)) if (d / CONFIG).exists()]
     others = [str(parent / n) for n in names if n != directory.resolve().name]
     return f"; other checkpoints of this run: {', '.join(others)}" if others else ""
+
+
+def _regular_file(path: Path, hint: str) -> os.stat_result:
+    """lstat ``path`` and refuse anything but a regular file (a symlink, a FIFO, /dev/zero ...)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: not a complete checkpoint{hint}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{path} is not a regular file (a symlink or special file): refused{hint}")
+    return info
+
+
+def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """The validated ``files`` table of ``directory/manifest.json``."""
+    path = directory / MANIFEST
+    hint = _other_checkpoints(directory)
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointError(
+            f"{directory} has no {MANIFEST}, so its files cannot be verified: refused "
+            f"(qkv writes one into every checkpoint; a directory without it is incomplete or not from qkv){hint}"
+        )
+    if _regular_file(path, hint).st_size > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a qkv manifest{hint}")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+        files = manifest["files"]
+        valid = manifest["format"] == FORMAT_VERSION and isinstance(files, dict) and all(
+            isinstance(e, dict) and type(e.get("bytes")) is int and e["bytes"] >= 0
+            and isinstance(e.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
+            for e in files.values()
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise CheckpointError(f"{path} is not a valid manifest; the checkpoint is corrupted{hint}")
+    unknown = sorted(name for name in files if name not in FILES - {MANIFEST})
+    if unknown:  # names are never used as paths unless they are one of ours: no "../x", no "/dev/zero"
+        raise CheckpointError(f"{path} lists files a checkpoint does not hold ({', '.join(map(repr, unknown[:3]))}): refused{hint}")
+    missing = [name for name in REQUIRED if name not in files]
+    if missing:
+        raise CheckpointError(f"{path} does not list {', '.join(missing)}: not a complete checkpoint{hint}")
+    return files
 
 
 def verify(directory: str | Path) -> None:
     """Check every file against ``manifest.json``; raise CheckpointError naming the first that differs.
 
-    Directories written before manifests existed (none in the manifest) pass unchecked.
+    A directory without a valid manifest is refused, as is one whose manifest names anything but
+    checkpoint files or whose files are symlinks or special files.
     """
     directory = Path(directory)
-    path = directory / MANIFEST
-    if not path.exists():
-        return
-    try:
-        files = json.loads(path.read_text(encoding="utf-8"))["files"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise CheckpointError(f"{path} is not a valid manifest; the checkpoint is corrupted{_other_checkpoints(directory)}") from None
-    for name, entry in files.items():
+    hint = _other_checkpoints(directory)
+    for name, entry in _manifest(directory).items():
         file = directory / name
-        if not file.exists():
-            raise CheckpointError(f"{file} is missing: not a complete checkpoint{_other_checkpoints(directory)}")
-        size = file.stat().st_size
+        size = _regular_file(file, hint).st_size
         if size != entry["bytes"]:
-            raise CheckpointError(
-                f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted"
-                + _other_checkpoints(directory)
-            )
-        if sha256(file) != entry["sha256"]:
-            raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{_other_checkpoints(directory)}")
+            raise CheckpointError(f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted{hint}")
+        with open(file, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as handle:
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{hint}")
 
 
-def _fsync_dir(directory: Path) -> None:
-    for file in directory.iterdir():
-        with open(file, "rb") as handle:
-            os.fsync(handle.fileno())
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _locked(parent: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``parent`` (the directory itself: no lock file is left behind)."""
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as error:
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"another process has been writing a checkpoint into {parent} for {LOCK_TIMEOUT:.0f}s; "
+                        "two runs must not share a directory"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_ours(path: Path) -> None:
+    """Delete ``path`` only if it is a directory of checkpoint files; anything else is the user's."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if not is_checkpoint_dir(path):
+        raise CheckpointError(f"{path} is in the way and is not a qkv checkpoint: move it and try again")
+    shutil.rmtree(path)
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Atomically replace ``final`` by the fully written ``tmp`` directory."""
+    """Replace ``final`` by the fully written ``tmp`` directory, so that a crash at any point leaves a
+    whole checkpoint under ``final`` or ``final.old``. Call it holding ``_locked(final.parent)``."""
     _write_manifest(tmp)
-    _fsync_dir(tmp)
-    old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
+    for file in tmp.iterdir():
+        _fsync(file)
+    _fsync(tmp)  # the directory entries themselves
+    old = _old(final)
+    if final.exists() or final.is_symlink():
+        if not is_checkpoint_dir(final):
+            raise CheckpointError(f"refusing to replace {final}: it is not a qkv checkpoint")
+        _remove_ours(old)  # a stale copy: final is whole
         os.replace(final, old)
+    elif old.exists():
+        # An earlier crash came between the renames: old is the only whole copy. Keep it until the
+        # new one is in place (it is deleted below, after the parent is fsynced).
+        pass
     os.replace(tmp, final)
-    parent = os.open(final.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(parent)
-    finally:
-        os.close(parent)
-    if old.exists():
-        shutil.rmtree(old)
+    _fsync(final.parent)  # make the renames durable before the old copy goes
+    _remove_ours(old)
+
+
+def publish_copy(source: Path, destination: Path) -> Path:
+    """Copy the verified checkpoint ``source`` to ``destination`` as atomically as ``save`` writes."""
+    verify(source)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(destination.parent):
+        tmp = _tmp(destination)
+        _remove_ours(tmp)
+        tmp.mkdir()
+        for name in _manifest(source):
+            shutil.copyfile(source / name, tmp / name)
+        _publish(tmp, destination)
+    return destination
 
 
 def save(
@@ -164,32 +298,46 @@ def save(
     """Write a checkpoint directory. ``configs`` (e.g. train/data configs as dicts) go into config.json.
 
     With ``trainer`` (a JSON-able dict) and ``optimizer``, also the state needed to resume, including
-    every random generator's state. ``state_dict`` saves other weights than the model's (averaging).
+    every random generator's state. ``state_dict`` saves other weights than the model's (averaging);
+    it must hold every weight of the model (a tied weight under one of its names).
+    An existing ``directory`` is replaced only if it is a qkv checkpoint; if writing fails (a full
+    disk), ``NAME.tmp/`` is removed and the previous checkpoint is untouched.
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(directory.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    if (directory.exists() or directory.is_symlink()) and not is_checkpoint_dir(directory):
+        raise CheckpointError(f"refusing to write a checkpoint over {directory}: it exists and is not a qkv checkpoint")
+    with _locked(directory.parent):
+        tmp = _tmp(directory)
+        _remove_ours(tmp)  # left by a crash: no other process is writing it (we hold the lock)
+        tmp.mkdir()
+        try:
+            _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict)
+            _publish(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return directory
+
+
+def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state_dict) -> None:
     if state_dict is None:
         save_model(model, str(tmp / WEIGHTS))
     else:
-        # Tied weights appear once in a safetensors file, so some names are absent: strict=False.
         other = Transformer(model.config)
-        _, unexpected = other.load_state_dict(state_dict, strict=False)
-        if unexpected:
-            raise CheckpointError(f"weights do not match the model: unexpected {unexpected}")
+        _load_weights(other, state_dict, str(tmp / WEIGHTS))
         save_model(other, str(tmp / WEIGHTS))
     _write_json(tmp / CONFIG, {"format": FORMAT_VERSION, "model": model.config.to_dict(), **(configs or {})})
     tokenizer.save(tmp / TOKENIZER)
     if trainer is not None:
         tensors = {"rng.torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()  # of the current device, also with one process
         if optimizer is not None:
             opt = optimizer.state_dict()
             for index, state in opt["state"].items():
                 for name, value in state.items():
-                    tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).contiguous()
+                    tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).contiguous().cpu()
             trainer = {**trainer, "optimizer_param_groups": opt["param_groups"]}
         np_state = np.random.get_state()
         rng = {
@@ -198,8 +346,19 @@ def save(
         }
         save_file(tensors, str(tmp / TRAINER_TENSORS))
         _write_json(tmp / TRAINER_JSON, {**trainer, "rng": rng})
-    _publish(tmp, directory)
-    return directory
+
+
+def _load_weights(model: Transformer, weights: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``weights`` into ``model`` strictly, except that a tied weight may appear under one name only."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as error:  # a shape mismatch
+        raise CheckpointError(f"{where} does not match the model: {str(error).splitlines()[-1].strip()}") from None
+    storage = {name: t.data_ptr() for name, t in model.state_dict().items()}
+    present = {storage[name] for name in weights if name in storage}
+    missing = [name for name in missing if storage[name] not in present]  # tied to a loaded weight: fine
+    if missing or unexpected:
+        raise CheckpointError(f"{where} does not match the model: missing {missing}, unexpected {unexpected}")
 
 
 def _to_json(value: Any) -> Any:
@@ -214,53 +373,83 @@ def _to_tuple(value: Any) -> Any:
     return tuple(_to_tuple(v) for v in value) if isinstance(value, list) else value
 
 
-def read_config(directory: str | Path) -> dict[str, Any]:
+def read_config(directory: str | Path, *, verified: bool = False) -> dict[str, Any]:
+    """config.json of a checkpoint, after verifying the directory (``verified=True``: already done)."""
     directory = resolve(directory)
+    if not verified:
+        verify(directory)
     path = directory / CONFIG
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing: not a complete checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path} is not valid JSON ({error}); the checkpoint is corrupted") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object; the checkpoint is corrupted")
     version = config.get("format")
     if version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has checkpoint format {version!r}; this qkv reads format {FORMAT_VERSION}"
             + (" (written by a newer qkv: upgrade qkv)" if isinstance(version, int) and version > FORMAT_VERSION else "")
         )
+    if not isinstance(config.get("model"), dict):
+        raise CheckpointError(f"{path} has no \"model\" section: the checkpoint is incomplete")
     return config
 
 
-def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:
-    """Rebuild the model and tokenizer from a checkpoint directory alone (no pickle anywhere)."""
-    directory = resolve(directory)
-    config = read_config(directory)
-    model = Transformer(ModelConfig.from_dict(config["model"]))
-    weights = directory / WEIGHTS
-    if not weights.exists():
-        raise CheckpointError(f"{weights} is missing: not a complete checkpoint")
+def _model_config(config: dict[str, Any], path: Path) -> ModelConfig:
     try:
-        missing, unexpected = load_model(model, str(weights), strict=False)
+        return ModelConfig.from_dict(config["model"])
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(f"{path}: invalid model config ({error})") from None
+
+
+def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
+    """Compare the config's parameter shapes with the weight file's header before allocating anything,
+    so that a config asking for a huge model cannot allocate more than the file holds."""
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(model_config).state_dict().items()}
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
-    if missing or unexpected:
-        raise CheckpointError(f"{weights} does not match its config: missing {missing}, unexpected {unexpected}")
-    tokenizer_path = directory / TOKENIZER
-    if not tokenizer_path.exists():
-        raise CheckpointError(f"{tokenizer_path} is missing: the checkpoint cannot tokenize text")
-    tokenizer = Tokenizer.load(tokenizer_path)
-    verify(directory)  # last, so that the checks above keep their more specific messages
+    wrong = [name for name, shape in stored.items() if expected.get(name) != shape]
+    if wrong:
+        name = wrong[0]
+        raise CheckpointError(
+            f"{weights} does not match its config: {name} is {list(stored[name])}, the config makes it "
+            f"{list(expected[name]) if name in expected else 'absent'}"
+        )
+
+
+def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:
+    """Rebuild the model and tokenizer from a checkpoint directory alone (no pickle anywhere).
+
+    Every file is verified against the manifest first; parsing comes after.
+    """
+    directory = resolve(directory)
+    verify(directory)
+    config = read_config(directory, verified=True)
+    model_config = _model_config(config, directory / CONFIG)
+    weights = directory / WEIGHTS
+    _check_shapes(model_config, weights)
+    model = Transformer(model_config)
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
+    _load_weights(model, tensors, str(weights))
+    tokenizer = Tokenizer.load(directory / TOKENIZER)
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 
 def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
     """Restore the optimizer and every RNG from a checkpoint; return trainer.json (step, epoch, ...)."""
     directory = resolve(directory)
+    verify(directory)
     json_path, tensor_path = directory / TRAINER_JSON, directory / TRAINER_TENSORS
     if not json_path.exists() or not tensor_path.exists():
         raise CheckpointError(f"{directory} has no training state ({TRAINER_JSON}); it cannot be resumed")
-    verify(directory)
     trainer = json.loads(json_path.read_text(encoding="utf-8"))
     tensors = load_file(str(tensor_path))
     if optimizer is not None:
@@ -271,6 +460,8 @@ def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None 
                 state.setdefault(int(index), {})[name] = value
         optimizer.load_state_dict({"state": state, "param_groups": trainer["optimizer_param_groups"]})
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     random.setstate(_to_tuple(trainer["rng"]["python"]))
     kind, keys, *rest = trainer["rng"]["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
@@ -278,12 +469,24 @@ def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None 
 
 
 def average(directories: list[Path]) -> dict[str, torch.Tensor]:
-    """The element-wise mean of the weights of several checkpoints of one model (averaging)."""
+    """The element-wise mean of the weights of several checkpoints of one model (averaging).
+
+    Every checkpoint is verified, and all must have the same model config, weight names and shapes.
+    """
     if not directories:
         raise CheckpointError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
+    first_dir = resolve(directories[0])
+    first_model = read_config(first_dir)["model"]
     for directory in directories:
-        tensors = load_file(str(Path(directory) / WEIGHTS))
+        directory = resolve(directory)
+        config = read_config(directory)  # verifies every file first
+        if config["model"] != first_model:
+            raise CheckpointError(f"{directory} has another model config than {first_dir}: checkpoints of different models cannot be averaged")
+        _check_shapes(_model_config(config, directory / CONFIG), directory / WEIGHTS)
+        tensors = load_file(str(directory / WEIGHTS))
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{directory / WEIGHTS} holds other weights than {first_dir / WEIGHTS}: they cannot be averaged")
         for name, value in tensors.items():
             total[name] = total[name] + value.double() if name in total else value.double()
     return {name: (value / len(directories)).float() for name, value in total.items()}

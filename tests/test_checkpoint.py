@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,6 +106,14 @@ def test_a_pickle_posing_as_weights_is_refused_not_unpickled(saved, tmp_path):
     assert not marker.exists()
 
 
+def rewrite(directory: Path, name: str, data: bytes | str) -> None:
+    """Replace one file and write a manifest that agrees: a checkpoint damaged or crafted by someone
+    who also updated the checksums, so that the checks after verification are reached."""
+    path = directory / name
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    checkpoint._write_manifest(directory)
+
+
 def test_truncated_weights_name_the_file(saved):
     weights = saved / checkpoint.WEIGHTS
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
@@ -111,7 +123,7 @@ def test_truncated_weights_name_the_file(saved):
 
 def test_a_newer_format_asks_for_a_newer_qkv(saved):
     config = json.loads((saved / checkpoint.CONFIG).read_text())
-    (saved / checkpoint.CONFIG).write_text(json.dumps({**config, "format": 99}))
+    rewrite(saved, checkpoint.CONFIG, json.dumps({**config, "format": 99}))
     with pytest.raises(CheckpointError, match="format 99.*newer"):
         checkpoint.load(saved)
 
@@ -120,8 +132,16 @@ def test_missing_or_broken_files_are_named(saved):
     (saved / checkpoint.TOKENIZER).unlink()
     with pytest.raises(CheckpointError, match="tokenizer.model is missing"):
         checkpoint.load(saved)
-    (saved / checkpoint.CONFIG).write_text("{not json")
+    tokenizer = saved.parent / "tokenizer.model"
+    tokenizer.write_bytes(b"")
+    rewrite(saved, checkpoint.CONFIG, "{not json")  # the manifest now lists no tokenizer
+    with pytest.raises(CheckpointError, match="does not list tokenizer.model"):
+        checkpoint.load(saved)
+    rewrite(saved, checkpoint.TOKENIZER, b"")
     with pytest.raises(CheckpointError, match="config.json is not valid JSON"):
+        checkpoint.load(saved)
+    rewrite(saved, checkpoint.CONFIG, json.dumps({"format": checkpoint.FORMAT_VERSION}))
+    with pytest.raises(CheckpointError, match='config.json has no "model" section'):
         checkpoint.load(saved)
     (saved / checkpoint.CONFIG).unlink()
     with pytest.raises(CheckpointError, match="config.json is missing"):
@@ -133,8 +153,8 @@ def test_missing_or_broken_files_are_named(saved):
 def test_weights_that_do_not_match_the_config_are_refused(tok, saved):
     config = json.loads((saved / checkpoint.CONFIG).read_text())
     config["model"]["d_ff"] = 128
-    (saved / checkpoint.CONFIG).write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    rewrite(saved, checkpoint.CONFIG, json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"model.safetensors does not match its config: .* is \[64\], the config makes it \[128\]"):
         checkpoint.load(saved)
 
 
@@ -220,3 +240,159 @@ def test_a_crash_between_the_renames_leaves_the_old_checkpoint_usable(tok, saved
     expected = logits(checkpoint.load(saved).model, tok)
     saved.rename(saved.with_name(saved.name + ".old"))  # as if killed after moving the old one aside
     torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
+
+
+# ---- checkpoints from someone else: verify first, parse after, names confined ----------------
+
+
+def test_a_checkpoint_without_a_valid_manifest_is_refused(saved):
+    manifest = saved / checkpoint.MANIFEST
+    original = manifest.read_text()
+    for broken, message in [
+        (json.dumps({"format": 1, "files": []}), "not a valid manifest"),
+        (json.dumps({"format": 1, "files": {}}), "does not list model.safetensors, config.json, tokenizer.model"),
+        ('{"format": 1}', "not a valid manifest"),
+    ]:
+        manifest.write_text(broken)
+        with pytest.raises(CheckpointError, match=message):
+            checkpoint.load(saved)
+    manifest.unlink()
+    with pytest.raises(CheckpointError, match="has no manifest.json, so its files cannot be verified"):
+        checkpoint.load(saved)
+    manifest.write_text(original)
+    checkpoint.load(saved)  # whole again
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "../outside.txt", "sub/model.safetensors", "notes.txt"])
+def test_manifest_names_are_confined_to_the_checkpoint_files(saved, name):
+    (saved.parent / "outside.txt").write_text("a secret of 27 bytes length")
+    manifest = json.loads((saved / checkpoint.MANIFEST).read_text())
+    manifest["files"][name] = {"bytes": 0, "sha256": "0" * 64}
+    (saved / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="lists files a checkpoint does not hold") as error:
+        checkpoint.load(saved)  # /dev/zero would hang a reader; ../ would leak another file's size
+    assert "27" not in str(error.value)
+
+
+def test_symlinks_and_special_files_in_a_checkpoint_are_refused(saved, tmp_path):
+    elsewhere = tmp_path / "elsewhere.model"
+    shutil.copyfile(saved / checkpoint.TOKENIZER, elsewhere)
+    (saved / checkpoint.TOKENIZER).unlink()
+    (saved / checkpoint.TOKENIZER).symlink_to(elsewhere)  # same bytes, so the checksum alone would pass
+    with pytest.raises(CheckpointError, match="tokenizer.model is not a regular file"):
+        checkpoint.load(saved)
+
+
+def test_files_are_verified_before_any_is_parsed(saved, monkeypatch):
+    parsed = []
+    monkeypatch.setattr(checkpoint.Tokenizer, "load", classmethod(lambda cls, path: parsed.append(path)))
+    tokenizer = saved / checkpoint.TOKENIZER
+    data = bytearray(tokenizer.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes: only the checksum can tell
+    tokenizer.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="tokenizer.model fails its SHA-256 check"):
+        checkpoint.load(saved)
+    assert parsed == []  # SentencePiece's C++ parser never saw the damaged file
+
+
+def test_a_config_asking_for_a_huge_model_is_refused_before_allocating(saved):
+    config = json.loads((saved / checkpoint.CONFIG).read_text())
+    config["model"].update(src_vocab_size=10**9, tgt_vocab_size=10**9)  # 128 GB of embeddings in float32
+    rewrite(saved, checkpoint.CONFIG, json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"does not match its config: .*the config makes it \[1000000000, 32\]"):
+        checkpoint.load(saved)
+
+
+def test_averaging_verifies_and_requires_the_same_model(tok, tmp_path):
+    a = checkpoint.save(tmp_path / "a", make_model(tok, seed=1), tok)
+    b = checkpoint.save(tmp_path / "b", make_model(tok, seed=2), tok)
+    wider = checkpoint.save(tmp_path / "wider", make_model(tok, seed=3, d_ff=128), tok)
+    with pytest.raises(CheckpointError, match="another model config"):
+        checkpoint.average([a, wider])
+    weights = b / checkpoint.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"b/model\.safetensors fails its SHA-256 check"):
+        checkpoint.average([a, b])
+
+
+def test_saving_an_averaged_state_requires_every_weight(tok, tmp_path):
+    model = make_model(tok)
+    state = {name: value for name, value in model.state_dict().items() if "decoder_layers.1." not in name}
+    with pytest.raises(CheckpointError, match=r"does not match the model: missing \['decoder_layers\.1\."):
+        checkpoint.save(tmp_path / "avg", model, tok, state_dict=state)
+    assert not (tmp_path / "avg").exists() and not (tmp_path / "avg.tmp").exists()
+
+
+def test_steps_sort_by_number_not_as_text(tmp_path):
+    for step in (999_999, 1_000_000, 5):
+        (tmp_path / f"step-{step}").mkdir()
+    (tmp_path / "step-notes").mkdir()
+    assert [d.name for d in checkpoint.step_dirs(tmp_path)] == ["step-5", "step-999999", "step-1000000"]
+
+
+# ---- writing: never over a user's directory, never a window with nothing loadable ------------
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_never_replaced(tok, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    with pytest.raises(CheckpointError, match="not a qkv checkpoint"):
+        checkpoint.save(mine, make_model(tok), tok)
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_a_save_after_a_crash_between_the_renames_keeps_the_old_copy_until_the_new_is_in_place(tok, saved, monkeypatch):
+    expected = logits(checkpoint.load(saved).model, tok)
+    saved.rename(saved.with_name(saved.name + ".old"))  # killed after moving the old one aside
+    real_replace = os.replace
+
+    def crash_on_the_final_rename(src, dst):
+        if str(src).endswith(".tmp"):
+            raise OSError(errno.EIO, "killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash_on_the_final_rename)
+    with pytest.raises(OSError, match="killed"):
+        checkpoint.save(saved, make_model(tok, seed=5), tok)
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    # the only whole copy survived the failed save and still loads
+    torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
+    second = make_model(tok, seed=6)
+    checkpoint.save(saved, second, tok)  # and the next save completes and cleans up
+    assert torch.equal(logits(checkpoint.load(saved).model, tok), logits(second, tok))
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["ckpt"]
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_whole(tok, saved, monkeypatch):
+    expected = logits(checkpoint.load(saved).model, tok)
+
+    def disk_full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Tokenizer, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(saved, make_model(tok, seed=7), tok)
+    monkeypatch.undo()
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["ckpt"]  # no NAME.tmp left to fill the disk
+    torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
+
+
+def test_a_second_writer_waits_for_the_lock_and_is_refused_after_the_timeout(tok, saved, monkeypatch):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(30)", str(saved.parent)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(checkpoint, "LOCK_TIMEOUT", 0.5)
+        with pytest.raises(CheckpointError, match="another process has been writing a checkpoint"):
+            checkpoint.save(saved, make_model(tok, seed=8), tok)
+    finally:
+        holder.kill()
+        holder.wait()
+    checkpoint.save(saved, make_model(tok, seed=8), tok)  # free again
