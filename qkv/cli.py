@@ -225,35 +225,36 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
 def translate(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from qkv.outputs import check_output, output_file
     from qkv.translate import Translator
 
+    if args.output:  # before loading anything: -o never truncates the input or a file the user has
+        check_output(args.output, force=args.force, inputs=(args.input,))
     translator = Translator.from_checkpoint(args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens * args.beam)
-    if args.input:
-        source, name = open(args.input, "rb"), args.input
-    else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
-        source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
-    sink = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
-    # Interactive input is answered line by line; files and pipes are batched for speed.
-    chunk = 1 if source.isatty() else 256
-    try:
-        lines = _input_lines(source, name)
+    with contextlib.ExitStack() as stack:
+        if args.input:
+            source, name = stack.enter_context(open(args.input, "rb")), args.input
+        else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
+            source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
+        # The output file appears, whole, when the last line is translated.
+        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=(args.input,))) if args.output else sys.stdout
+        # Interactive input is answered line by line; files and pipes are batched for speed.
+        chunk = 1 if source.isatty() else 256
         buffer: list[str] = []
-        for line in lines:
+        for line in _input_lines(source, name):
             buffer.append(line)
             if len(buffer) >= chunk:
                 _write_translations(translator, buffer, sink, args.n_best)
                 buffer = []
         if buffer:
             _write_translations(translator, buffer, sink, args.n_best)
-    finally:
-        if args.input:
-            source.close()
-        if args.output:
-            sink.close()
     return 0
 
 
@@ -289,7 +290,8 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
     p.add_argument("--ref-file", help="reference translations for --src-file")
-    p.add_argument("--save", help="also write the translations to this file")
+    p.add_argument("--save", help="also write the translations to this file, one line per source line")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --save file")
 
 
 @command("evaluate", "translate a test set and score it with sacreBLEU (BLEU, lowercased BLEU, chrF)", _evaluate_args)
@@ -299,13 +301,16 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv import checkpoint
     from qkv.data import load_multi30k, read_parallel
     from qkv.evaluate import format_scores, score
+    from qkv.outputs import check_output, output_file
     from qkv.translate import Translator
 
+    if args.save:
+        check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file))
     loaded = checkpoint.load(args.checkpoint)
     if args.src_file or args.ref_file:
         if not (args.src_file and args.ref_file):
             raise ValueError("give both --src-file and --ref-file")
-        corpus = read_parallel(args.src_file, args.ref_file)
+        corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
     else:
         data = loaded.config.get("data", {})
         src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
@@ -315,8 +320,8 @@ def evaluate(args: argparse.Namespace) -> int:
     hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
-        with open(args.save, "w", encoding="utf-8") as handle:
-            handle.writelines(h + "\n" for h in hypotheses)
+        with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
+            handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {loaded.path}, beam {args.beam}, length penalty {args.length_penalty}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
@@ -324,7 +329,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def _average_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
-    p.add_argument("--out", required=True, help="where to write the averaged checkpoint")
+    p.add_argument("--out", required=True, help="where to write the averaged checkpoint (a new directory)")
+    p.add_argument("--force", action="store_true", help="replace --out if it is a qkv checkpoint (never another directory)")
 
 
 @command("average", "average the weights of several checkpoints into one", _average_args)
@@ -333,10 +339,16 @@ def average(args: argparse.Namespace) -> int:
 
     from qkv import checkpoint
 
+    out = Path(args.out)
+    if out.exists() or out.is_symlink():
+        if not args.force:
+            raise ValueError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
+        if not checkpoint.is_checkpoint_dir(out):
+            raise ValueError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
     first = checkpoint.load(args.checkpoints[0])
     weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
     configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
-    checkpoint.save(Path(args.out), first.model, first.tokenizer, configs=configs, state_dict=weights)
+    checkpoint.save(out, first.model, first.tokenizer, configs=configs, state_dict=weights)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
@@ -348,13 +360,18 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=int, help="draw only this head, 1-based like --layer (default: every head and their average)")
     p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
     p.add_argument("--json", help="also write every layer's and head's weights, with the tokens, to this JSON file")
+    p.add_argument("--force", action="store_true", help="overwrite existing OUT.png, OUT.html and --json files")
 
 
 @command("attend", "translate a sentence and draw its attention (PNG and interactive HTML), with a word alignment", _attend_args)
 def attend(args: argparse.Namespace) -> int:
     from qkv import checkpoint
+    from qkv.outputs import check_output, output_file
     from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
 
+    for path in (f"{args.out}.png", f"{args.out}.html", args.json):
+        if path:
+            check_output(path, force=args.force)
     loaded = checkpoint.load(args.checkpoint)
     capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args))
     n_layers = capture.weights(args.kind).size(0)
@@ -368,7 +385,7 @@ def attend(args: argparse.Namespace) -> int:
     png = plot_attention(capture, f"{args.out}.png", kind=args.kind, layer=layer, head=head)
     page = write_html(capture, f"{args.out}.html", kind=args.kind, layer=layer)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
+        with output_file(args.json, force=args.force) as handle:
             json.dump(capture.to_json(), handle)
     print(f"source:      {capture.source}")
     print(f"translation: {capture.translation}")
@@ -436,7 +453,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
     p.add_argument("--format", default="ctranslate2", choices=["ctranslate2"], help="target format (default ctranslate2)")
     p.add_argument("--out", required=True, help="directory to write the exported model into")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    p.add_argument("--force", action="store_true", help="replace --out if it holds an earlier export (never a checkpoint or another directory)")
     p.add_argument("--check", type=int, default=100, metavar="N", help="translate N sentences with both at beam 1 and 5 and compare (0: skip; default 100)")
     p.add_argument("--check-file", help="sentences for the check, one per line (default: Multi30k test_2016_flickr)")
 

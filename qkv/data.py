@@ -103,10 +103,13 @@ def _pairs_to_corpus(pairs: list[tuple[str, str]], name: str, where: str) -> Par
     return ParallelCorpus(src=src, tgt=tgt, skipped_empty=skipped, name=name)
 
 
-def read_parallel(src_path: str | Path, tgt_path: str | Path, *, name: str | None = None) -> ParallelCorpus:
+def read_parallel(
+    src_path: str | Path, tgt_path: str | Path, *, name: str | None = None, keep_empty: bool = False
+) -> ParallelCorpus:
     """Read two line-aligned files (plain or ``.gz``), one sentence per line.
 
-    Pairs where either side is empty are skipped and counted in ``skipped_empty``.
+    For training, pairs where either side is empty are skipped and counted in ``skipped_empty``;
+    with ``keep_empty`` (a test set: line N in must stay line N out) every line is kept as it is.
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
@@ -116,6 +119,10 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, *, name: str | Non
             "a parallel corpus needs one sentence per line on each side"
         )
     name = name or f"{src_path.name}|{tgt_path.name}"
+    if keep_empty:
+        if not src_lines:
+            raise DataError(f"{src_path} and {tgt_path} are empty")
+        return ParallelCorpus(src=src_lines, tgt=tgt_lines, skipped_empty=0, name=name)
     return _pairs_to_corpus(list(zip(src_lines, tgt_lines)), name, f"{src_path} and {tgt_path}")
 
 

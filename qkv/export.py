@@ -18,6 +18,7 @@ ctranslate2 is an optional dependency (``pip install qkv[export]``); importing t
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -123,17 +124,51 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
+# What an export directory holds (``spec.save`` writes the first ones); ``--force`` replaces only such a directory.
+EXPORT_FILES = frozenset({
+    "model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json",
+    "target_vocabulary.json", "source_vocabulary.txt", "target_vocabulary.txt", checkpoint.TOKENIZER, "qkv_config.json",
+})
+
+
+def is_export_dir(path: Path) -> bool:
+    """True for a directory written by ``export_ctranslate2`` (and nothing else in it)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return "qkv_config.json" in names and names <= EXPORT_FILES and not any((path / n).is_dir() for n in names)
+
+
 def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Write the checkpoint as a CTranslate2 model directory, with its SentencePiece model beside it."""
-    loaded = checkpoint.load(checkpoint_dir)
+    """Write the checkpoint as a CTranslate2 model directory, with its SentencePiece model beside it.
+
+    ``out`` must be new or empty; with ``force`` it may also be an earlier export, which is replaced
+    only once the new one is complete. A checkpoint, a run or any other directory is never touched.
+    """
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} exists and is not empty (pass --force to overwrite)")
+    if (out.exists() or out.is_symlink()) and not (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
+        if not is_export_dir(out):
+            raise ValueError(f"{out} exists and is not an earlier qkv export: refusing to write into it (even with --force)")
+        if not force:
+            raise ValueError(f"{out} holds an earlier export; pass --force to replace it")
+    loaded = checkpoint.load(checkpoint_dir)
     spec = ctranslate2_spec(loaded.model, loaded.tokenizer)
-    out.mkdir(parents=True, exist_ok=True)
-    spec.save(str(out))
-    loaded.tokenizer.save(out / checkpoint.TOKENIZER)
-    shutil.copyfile(loaded.path / checkpoint.CONFIG, out / "qkv_config.json")
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        if not (is_export_dir(tmp) or (tmp.is_dir() and not any(tmp.iterdir()))):
+            raise ValueError(f"{tmp} is in the way and is not a qkv export: move it and try again")
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        spec.save(str(tmp))
+        loaded.tokenizer.save(tmp / checkpoint.TOKENIZER)
+        shutil.copyfile(loaded.path / checkpoint.CONFIG, tmp / "qkv_config.json")
+        if out.exists():  # empty, or an earlier export (checked above)
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
 

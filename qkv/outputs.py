@@ -1,0 +1,54 @@
+"""Writing a user's output files without ever destroying one they did not ask to replace.
+
+Every command that writes a file the user names (``translate -o``, ``evaluate --save``, ``attend
+--out``/``--json``) goes through ``output_file``: an existing file is refused unless the user passed
+``--force``; a file that is also an input is always refused (writing it would truncate it before it
+is read); and the new content goes to a temporary file in the same directory that replaces the
+target only once it is complete, so a crash or a full disk leaves the previous file as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def check_output(path: str | Path, *, force: bool, inputs: tuple[str | Path | None, ...] = ()) -> Path:
+    """Refuse to write ``path`` when it is one of ``inputs``, or exists and ``force`` is False."""
+    path = Path(path)
+    for source in inputs:
+        if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise ValueError(f"{path} is also the input: write the output to another file")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give a file name")
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists; pass --force to overwrite it")
+    return path
+
+
+@contextmanager
+def output_file(path: str | Path, *, force: bool, inputs: tuple[str | Path | None, ...] = ()) -> Iterator[IO[str]]:
+    """A text file to write into that becomes ``path`` when the block ends without an error."""
+    path = check_output(path, force=force, inputs=inputs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
