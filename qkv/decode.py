@@ -78,6 +78,29 @@ def beam_candidates(scores: Tensor, log_probs: Tensor, k: int) -> tuple[Tensor, 
     return top, flat // V, flat % V
 
 
+def split_candidates(
+    candidates: list[tuple[float, int, int]], *, k: int, eos_id: int, last_step: bool, room: int
+) -> tuple[list[tuple[float, int, int]], list[tuple[float, int, int]]]:
+    """One sentence's beam step: split its best extensions (score, beam, token), best first, into
+    those that finish and those that stay live.
+
+    A candidate finishes when it appends EOS (or at the last allowed step, whatever it appends) and
+    ranks among the first ``k``, and the sentence still has ``room`` for finished hypotheses; an EOS
+    ranked lower is dropped, since ``k`` better continuations exist. The ``k`` best candidates that
+    do not end in EOS stay live. ``-inf`` candidates (from unused beam slots) are ignored.
+    """
+    finishing, live = [], []
+    for rank, (score, beam, token) in enumerate(candidates):
+        if score == float("-inf"):
+            break
+        if token == eos_id or last_step:
+            if rank < k and len(finishing) < room:
+                finishing.append((score, beam, token))
+        elif len(live) < k:
+            live.append((score, beam, token))
+    return finishing, live
+
+
 def _start(model: Transformer, src: Tensor, bos_id: int, repeat: int):
     """Encode ``src`` and repeat each sentence's memory ``repeat`` times (one row per beam)."""
     memory, src_mask, _ = model.encode(src)
@@ -140,20 +163,17 @@ def beam_search(
         done_rows = []
         top_l, beam_l, token_l = top.tolist(), beam.tolist(), token.tolist()
         for row, sentence in enumerate(alive):
-            kept, last_step = 0, step == limits[sentence] - 1
-            for rank, (s, b, t) in enumerate(zip(top_l[row], beam_l[row], token_l[row])):
-                if s == float("-inf"):
-                    break
-                if t == eos_id or last_step:
-                    if rank < K and len(finished[sentence]) < K:
-                        tokens = history[row, b].tolist() + ([] if t == eos_id else [t])
-                        finished[sentence].append(
-                            Hypothesis(tokens, s / length_penalty(step + 1, config.length_penalty), s)
-                        )
-                elif kept < K:
-                    new_scores[row, kept], new_beam[row, kept], new_token[row, kept] = s, b, t
-                    kept += 1
-            if len(finished[sentence]) >= K or last_step or kept == 0:
+            last_step = step == limits[sentence] - 1
+            finishing, live = split_candidates(
+                list(zip(top_l[row], beam_l[row], token_l[row])), k=K, eos_id=eos_id, last_step=last_step,
+                room=K - len(finished[sentence]),
+            )
+            for s, b, t in finishing:
+                tokens = history[row, b].tolist() + ([] if t == eos_id else [t])
+                finished[sentence].append(Hypothesis(tokens, s / length_penalty(step + 1, config.length_penalty), s))
+            for slot, (s, b, t) in enumerate(live):
+                new_scores[row, slot], new_beam[row, slot], new_token[row, slot] = s, b, t
+            if len(finished[sentence]) >= K or last_step or not live:
                 done_rows.append(row)
         # Reorder the surviving beams: row-group r, slot j continues beam new_beam[r, j].
         source_rows = (torch.arange(len(alive), device=src.device)[:, None] * K + new_beam).view(-1)  # (b*K,)

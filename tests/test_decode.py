@@ -18,6 +18,7 @@ from qkv.decode import (
     length_penalty,
     max_output_length,
     search,
+    split_candidates,
 )
 from qkv.model import Transformer
 from qkv.translate import Translator, collate_sources, length_batches
@@ -68,6 +69,21 @@ def test_beam_candidates_on_hand_made_numbers():
     torch.testing.assert_close(top[1], torch.tensor([-0.2, -0.3, -2.0, -5.0]))
     assert beam[1].tolist() == [0, 0, 0, 0]
     assert token[1].tolist() == [2, 1, 0, 3]
+
+
+def test_a_beam_step_splits_candidates_into_finished_and_live_on_hand_made_numbers():
+    E = EOS
+    # (score, beam, token), best first, as beam_candidates returns 2K of them; K = 2
+    candidates = [(-0.1, 0, E), (-0.3, 1, 7), (-0.4, 0, 5), (-0.5, 1, E), (-0.9, 0, 6), (NEG_INF, 1, 4)]
+    finishing, live = split_candidates(candidates, k=2, eos_id=E, last_step=False, room=2)
+    assert finishing == [(-0.1, 0, E)]  # EOS at rank 0 finishes; the EOS at rank 3 is beaten by 2 live ones
+    assert live == [(-0.3, 1, 7), (-0.4, 0, 5)]  # the best K without EOS, in order; -0.9 is not needed
+    # no room left for finished hypotheses: the EOS is dropped, the live beams are the same
+    assert split_candidates(candidates, k=2, eos_id=E, last_step=False, room=0) == ([], live)
+    # at the last step everything in the first K finishes, EOS or not, and nothing stays live
+    assert split_candidates(candidates, k=2, eos_id=E, last_step=True, room=2) == ([(-0.1, 0, E), (-0.3, 1, 7)], [])
+    # -inf candidates come from unused slots and are never taken, even when nothing else is live
+    assert split_candidates([(NEG_INF, 0, 5), (NEG_INF, 1, E)], k=2, eos_id=E, last_step=False, room=2) == ([], [])
 
 
 def test_length_penalty_is_gnmt_formula():

@@ -1,5 +1,7 @@
 """Attention capture on real decoding, heatmaps, the HTML page and `qkv attend`."""
 
+import json
+import re
 import struct
 
 import pytest
@@ -97,9 +99,20 @@ def test_attend_command_writes_png_html_json(model_dir, tmp_path, capsys):
     code = main(["attend", "--checkpoint", str(model_dir), SENTENCES[0], "--out", str(out), "--json", str(tmp_path / "w.json"), "--beam", "1", "--kind", "enc-self", "--layer", "1"])
     assert code == 0
     assert (tmp_path / "pic.png").stat().st_size > 1000
-    assert "enc-self" in (tmp_path / "pic.html").read_text(encoding="utf-8")
-    assert (tmp_path / "w.json").exists()
-    assert "word alignment" in capsys.readouterr().out
+    # what the command wrote is the model's attention on this sentence, not a label we passed in:
+    # the JSON holds the weights capture_attention computes, and the page opens on layer 1 of enc-self
+    loaded = checkpoint.load(model_dir)
+    expected = capture_attention(loaded.model, loaded.tokenizer, SENTENCES[0], DecodeConfig(beam_size=1))
+    written = json.loads((tmp_path / "w.json").read_text(encoding="utf-8"))
+    assert written["src_tokens"] == expected.src_tokens and written["tgt_tokens"] == expected.tgt_tokens
+    torch.testing.assert_close(torch.tensor(written["encoder"]), expected.encoder)
+    torch.testing.assert_close(torch.tensor(written["cross"]), expected.cross)
+    page = (tmp_path / "pic.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r"const DATA = (.*?);\n", page).group(1).replace("<\\/", "</"))
+    torch.testing.assert_close(torch.tensor(data["encoder"]), expected.encoder)
+    assert '[k, k]), "enc-self");' in page and "refresh(0);" in page  # opens on the asked kind, layer 1 (0-based 0)
+    out_text = capsys.readouterr().out
+    assert f"translation: {expected.translation}" in out_text and "word alignment" in out_text
     assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", str(out), "--layer", "9"]) == 2
 
 
