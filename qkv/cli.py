@@ -414,8 +414,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-sentences", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--max-batch-tokens", type=int, default=4096, help="source tokens per batch (default 4096)")
     p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits for more requests (default 10)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests waiting before 503 (default 256)")
-    p.add_argument("--max-queue-work", type=int, default=200_000, help="units of work waiting before 503 (default 200000)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting or being translated before 503 (default 256)")
+    p.add_argument("--max-queue-work", type=int, default=200_000, help="units of work waiting or being translated before 503 (default 200000)")
     p.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
     p.add_argument("--max-chars", type=int, default=1000, help="characters per text (default 1000)")
     p.add_argument(

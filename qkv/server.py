@@ -36,7 +36,7 @@ from qkv.batcher import Batcher, Busy, Job
 log = logging.getLogger("qkv.server")
 
 MAX_BEAM = 16
-RETRY_AFTER_S = 1  # what a 503 tells clients to wait; one batch takes well under a second
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait
 
 # Defaults of `qkv serve`, in one place for the CLI and the library.
 DEFAULT_LIMITS: dict[str, Any] = dict(

@@ -468,6 +468,13 @@ def test_body_limit_answers_413_before_reading_the_body(server):
     response = httpx.post(f"{server.url}/v1/translate", content=b"[" * (2 << 20), headers={"content-type": "application/json"})
     assert response.status_code == 413
     assert "--max-body-bytes" in response.json()["detail"]
+    # The largest body the default text limits allow (64 texts of 1000 emoji, each escaped as a
+    # 12-byte surrogate pair) is under the default body limit (and the tiny model's tokenizer makes
+    # each text 2 unknown tokens, so it is translated).
+    largest = json.dumps({"texts": ["\U0001F600" * 1000] * 64, "beam_size": 1}, ensure_ascii=True).encode()
+    assert 750_000 < len(largest) < 1 << 20
+    response = httpx.post(f"{server.url}/v1/translate", content=largest, headers={"content-type": "application/json"})
+    assert response.status_code == 200 and len(response.json()["translations"]) == 64, response.text[:300]
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -531,21 +538,37 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     assert "secret internal detail" in text and "Traceback" in text  # the developer sees it, the client not
 
 
-def test_request_timeout_answers_504_and_stops_the_work(model_dir, tmp_path):
-    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 625 steps: over 12 s of work
-    args = ("--request-timeout", "1", "--log-level", "info")
+def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
+    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 625 steps: over 12 s of work per request below
+    args = ("--request-timeout", "2", "--log-level", "info")
+    long_request = {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625}
+
+    def wait_for(server, key: str, value: int) -> dict:
+        deadline = time.monotonic() + 5
+        while (stats := httpx.get(f"{server.url}/v1/stats").json())[key] < value:
+            assert time.monotonic() < deadline, f"the abandoned batch kept running: {stats}"
+            time.sleep(0.05)
+        return stats
+
     with load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log", prelude=prelude) as server:
+        # Past --request-timeout: a 504 that names the flag, and the batch stops.
         started = time.monotonic()
-        response = post(server, {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625})
+        response = post(server, long_request)
         waited = time.monotonic() - started
         assert response.status_code == 504, response.text
         assert "--request-timeout" in response.json()["detail"]
-        assert waited < 5, waited
-        deadline = time.monotonic() + 5
-        while (stats := httpx.get(f"{server.url}/v1/stats").json())["aborted_batches"] < 1:
-            assert time.monotonic() < deadline, f"the abandoned batch kept running: {stats}"
-            time.sleep(0.05)
+        assert 2 <= waited < 6, waited
+        stats = wait_for(server, "aborted_batches", 1)
         assert stats["timed_out"] == 1 and stats["sentences"] == 0, stats
+        # A client that hangs up while its request is decoded: the batch stops too.
+        body = json.dumps(long_request).encode()
+        head = f"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", server.port)) as rude:
+            rude.sendall(head.encode() + body)
+            wait_for(server, "requests", 2)
+            time.sleep(0.5)  # decoding now
+        stats = wait_for(server, "aborted_batches", 2)
+        assert stats["cancelled"] == 1 and stats["sentences"] == 0, stats
         assert post(server, {"texts": [DATES[1]], "beam_size": 1, "max_length": 5}).status_code == 200
 
 
