@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import socket
 import sys
 import threading
@@ -69,25 +70,14 @@ def oversized_chunked(url: str, total: int = 64 << 20, chunk: int = 1 << 16, tim
     head = b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     piece = f"{chunk:x}\r\n".encode() + b"a" * chunk + b"\r\n"
     sent, started = 0, time.perf_counter()
-    with socket.create_connection(_address(url)) as sock:
+    with socket.create_connection(_address(url), timeout=timeout) as sock:
         sock.sendall(head)
-        sock.setblocking(False)
-        try:
-            while sent < total:
-                try:
-                    if sock.recv(1, socket.MSG_PEEK):  # the server answered (or closed): stop sending
-                        break
-                except BlockingIOError:
-                    pass
-                try:
-                    sock.sendall(piece)
-                except BlockingIOError:
-                    time.sleep(0.01)
-                    continue
-                sent += chunk
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        sock.setblocking(True)
+        while sent < total and not select.select([sock], [], [], 0)[0]:  # until the server answers or closes
+            try:
+                sock.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError, socket.timeout):  # it stopped reading
+                break
+            sent += chunk
         return _status(sock, timeout), time.perf_counter() - started, sent
 
 
@@ -186,12 +176,15 @@ async def run_hostile(url: str, *, flood_clients: int = 20, polite_clients: int 
         await probe
         after = (await http.get(f"{url}/v1/stats")).json()
 
-    result["work_request"] = {"status": heavy_results[0][1].status_code, "body": {**heavy_results[0][0], "texts": f"{len(heavy_results[0][0]['texts'])} texts"}}
+    (work_body, work_response), (attention_body, attention_response) = heavy_results
+    result["work_request"] = {
+        "status": work_response.status_code, "body": {**work_body, "texts": f"{len(work_body['texts'])} texts"},
+    }
     result["attention_request"] = {
-        "status": heavy_results[1][1].status_code,
-        "bytes": len(heavy_results[1][1].content),
-        "texts": len(heavy_results[1][0]["texts"]),
-        "chars": len(heavy_results[1][0]["texts"][0]),
+        "status": attention_response.status_code,
+        "bytes": len(attention_response.content),
+        "texts": len(attention_body["texts"]),
+        "chars": len(attention_body["texts"][0]),
     }
     result["polite"] = [{"status": s, "seconds": round(t, 3)} for s, t in polite_results]
     result["seconds"] = time.perf_counter() - started
@@ -209,7 +202,7 @@ def format_report(r: dict) -> str:
     h = r["health"]
     return "\n".join([
         f"1 GiB declared body: HTTP {r['declared_1GiB'][0]} after {1000 * r['declared_1GiB'][1]:.0f} ms",
-        f"chunked body: HTTP {r['chunked'][0]} after {r['chunked'][2] >> 10} KiB, {1000 * r['chunked'][1]:.0f} ms",
+        f"chunked body: HTTP {r['chunked'][0]} after {1000 * r['chunked'][1]:.0f} ms ({r['chunked'][2] >> 10} KiB written to the socket by then)",
         f"largest work request: HTTP {r['work_request']['status']} {r['work_request']['body']}",
         f"largest attention request: HTTP {r['attention_request']['status']}, {r['attention_request']['texts']} texts of "
         f"{r['attention_request']['chars']} characters, {r['attention_request']['bytes']} bytes",

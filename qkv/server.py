@@ -100,10 +100,16 @@ class BodyLimit:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        error = BodyTooLarge(self.max_bytes)
-        # Connection: close, since the rest of the body will not be read.
-        response = JSONResponse({"detail": error.detail}, 413, {"connection": "close"})
-        await response({"type": "http"}, _nothing_to_receive, send)
+        await _body_too_large_response(BodyTooLarge(self.max_bytes))({"type": "http"}, _nothing_to_receive, send)
+
+
+def _body_too_large_response(error: BodyTooLarge) -> JSONResponse:
+    # Connection: close, so that the server reads no more of a body it has refused.
+    return JSONResponse({"detail": error.detail}, 413, {"connection": "close"})
+
+
+async def _body_too_large(request: Request, error: BodyTooLarge) -> JSONResponse:
+    return _body_too_large_response(error)
 
 
 async def _nothing_to_receive() -> Message:
@@ -274,7 +280,7 @@ def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
         version="1",
         description=f"Transformer translation ({info['src_lang']} -> {info['tgt_lang']}) with dynamic batching.",
         lifespan=lifespan,
-        exception_handlers={RequestValidationError: _invalid_request},
+        exception_handlers={RequestValidationError: _invalid_request, BodyTooLarge: _body_too_large},
     )
     app.add_middleware(BodyLimit, max_bytes=limits["max_body_bytes"])
     app.state.batcher = batcher
