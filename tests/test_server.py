@@ -466,8 +466,16 @@ def test_body_limit_answers_413_before_reading_the_body(server):
     assert status == 413 and sent < 64 << 20, sent  # it answered long before the 256 MiB were sent
     # The same limit through an ordinary client, and its message.
     response = httpx.post(f"{server.url}/v1/translate", content=b"[" * (2 << 20), headers={"content-type": "application/json"})
-    assert response.status_code == 413
+    assert response.status_code == 413 and response.headers["connection"] == "close"
     assert "--max-body-bytes" in response.json()["detail"]
+    # After refusing a chunked body, the server closes the connection instead of reading on.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall((b"%x\r\n" % (1 << 20)) + b"a" * (1 << 20) + b"\r\n" + b"1\r\na\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes; a timeout here fails the test
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"--max-body-bytes" in answer, answer[:300]
     # The largest body the default text limits allow (64 texts of 1000 emoji, each escaped as a
     # 12-byte surrogate pair) is under the default body limit (and the tiny model's tokenizer makes
     # each text 2 unknown tokens, so it is translated).
@@ -641,6 +649,24 @@ def test_a_full_queue_counts_work_not_requests(model_dir):
     assert big.status_code == 200
     assert small.status_code == 503 and int(small.headers["retry-after"]) >= 1
     assert "200 units of work" in small.json()["detail"], small.json()
+
+
+@pytest.mark.parametrize("max_work, batches", [(300, 2), (400, 1)])
+def test_a_batch_holds_at_most_max_request_work(model_dir, max_work, batches):
+    # Two requests of 200 units each (beam 10 x max_length 20), sent together: one batch if the limit allows 400.
+    app = create_app(model_dir, max_request_work=max_work, max_queue_work=1000, max_wait_ms=300)
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
+                body = {"texts": [DATES[0]], "beam_size": 10, "max_length": 20}
+                responses = await asyncio.gather(*[client.post("/v1/translate", json=body) for _ in range(2)])
+                return responses, (await client.get("/v1/stats")).json()
+
+    responses, stats = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200, 200]
+    assert stats["batches"] == batches, stats
 
 
 def test_page_numbers_layers_and_heads_from_1(tmp_path):
