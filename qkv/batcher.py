@@ -301,13 +301,14 @@ class Batcher:
         if settings[2]:  # attention: captured one sentence at a time, the weights of exactly the returned output
             out = []
             for job in jobs:
-                if job.abandoned:  # nobody waits: skip its remaining sentences
-                    out.append(b"")
-                    continue
-                captures = [self._capture_json(text, ids, config) for text, ids in zip(job.texts, job.src_ids)]
-                translations = json.dumps([c[0] for c in captures], ensure_ascii=False, separators=(",", ":"))
-                body = '{"translations":' + translations + ',"attention":[' + ",".join(c[1] for c in captures) + "]}"
-                out.append(body.encode("utf-8"))
+                captures = []
+                for text, ids in zip(job.texts, job.src_ids):
+                    if job.abandoned:  # nobody waits: skip its remaining sentences
+                        break
+                    captures.append(self._capture_json(text, ids, config))
+                translations = _compact([translation for translation, _ in captures])
+                attention = ",".join(json_object for _, json_object in captures)
+                out.append(f'{{"translations":{translations},"attention":[{attention}]}}'.encode("utf-8"))
             return out
         translator = Translator(
             self.model, self.tokenizer, config,
@@ -318,18 +319,17 @@ class Batcher:
         texts = [self.tokenizer.decode(h[0].tokens) for h in hyps]
         out, start = [], 0
         for job in jobs:
-            body = {"translations": texts[start : start + len(job.texts)]}
-            out.append(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+            out.append(_compact({"translations": texts[start : start + len(job.texts)]}).encode("utf-8"))
             start += len(job.texts)
         return out
 
     def _capture_json(self, text: str, ids: list[int], config: DecodeConfig) -> tuple[str, str]:
-        """(translation, the JSON of its attention object)."""
+        """(translation, the JSON of its attention object: source, translation, tokens and cross weights)."""
         if not ids:  # as Translator: an empty input translates to ''; one key gets all the weight
             c = self.model.config
             ones = [[[[1.0]] for _ in range(c.n_heads)] for _ in range(c.n_decoder_layers)]
             head = {"source": text, "translation": "", "src_tokens": ["</s>"], "tgt_tokens": ["</s>"]}
-            return "", json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1] + ',"cross":' + json.dumps(ones, separators=(",", ":")) + "}"
+            return "", _compact({**head, "cross": ones})
         capture = capture_attention(self.model, self.tokenizer, text, config)
         head = {
             "source": text,
@@ -338,7 +338,11 @@ class Batcher:
             "tgt_tokens": capture.tgt_tokens,
         }
         cross = _weights_json(capture.cross.double().round(decimals=4))  # (L, H, T, S)
-        return capture.translation, json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1] + ',"cross":' + cross + "}"
+        return capture.translation, _compact(head)[:-1] + f',"cross":{cross}}}'
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _weights_json(weights: Tensor) -> str:
@@ -346,6 +350,6 @@ def _weights_json(weights: Tensor) -> str:
     thread gives the GIL back to the event loop often (one json.dumps of a large list would hold it)."""
     layers = []
     for layer in weights:
-        heads = ["[" + ",".join(json.dumps(row, separators=(",", ":")) for row in head.tolist()) + "]" for head in layer]
+        heads = ["[" + ",".join(_compact(row) for row in head.tolist()) + "]" for head in layer]
         layers.append("[" + ",".join(heads) + "]")
     return "[" + ",".join(layers) + "]"
