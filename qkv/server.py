@@ -1,10 +1,11 @@
 """Serving translations over HTTP: a JSON API with dynamic batching, OpenAPI docs and an attention page.
 
-One model instance answers every request. Requests wait in a bounded asyncio queue; a single worker
-takes what has arrived (up to ``max_batch_sentences`` sentences and ``max_batch_tokens`` source tokens,
-waiting at most ``max_wait_ms`` for more), groups it by decoding settings and translates each group
-as one batch in a worker thread (PyTorch releases the GIL, so the event loop keeps accepting requests
-meanwhile). A full queue answers 503 with Retry-After instead of letting latency grow without bound.
+One model instance answers every request; ``qkv.batcher`` forms the batches. Every request is bounded
+before it is queued: its body (``max_body_bytes``, checked while it arrives), its texts, its decoding
+work (``max_request_work``) and, with attention, the number of weights it can return
+(``max_attention_weights``). Limits answer JSON 4xx errors that name the limit; a full queue answers
+503 with Retry-After; a request waits at most ``request_timeout`` seconds (504). A client that
+disconnects is noticed while its request waits, and its work is dropped.
 
 Endpoints: ``POST /v1/translate``, ``GET /v1/model``, ``GET /v1/stats``, ``GET /health``, the page at
 ``/`` and FastAPI's ``/docs`` and ``/openapi.json``. Note: no ``from __future__ import annotations``
@@ -12,13 +13,11 @@ here, because FastAPI reads the request model from the endpoint's annotations at
 """
 
 import asyncio
+import errno
 import json
 import logging
-import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+import socket
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,225 +25,101 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkv import checkpoint
-from qkv.decode import DecodeConfig
-from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
-from qkv.translate import Translator
-from qkv.visualize import capture_attention
+from qkv.batcher import Batcher, Busy, Job
 
 log = logging.getLogger("qkv.server")
 
 MAX_BEAM = 16
-RETRY_AFTER_S = 1  # what a 503 tells clients to wait; one batch takes well under a second
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait
 
-# The decoding settings that must be equal for requests to share a batch: beam size, max length, attention.
-Settings = tuple[int, int | None, bool]
-
-
-class Busy(Exception):
-    """The queue is full, or the server is shutting down: answer 503 with Retry-After."""
-
-
-@dataclass
-class Job:
-    """One request: its texts, their token ids, its decoding settings and the future its handler awaits."""
-
-    texts: list[str]
-    src_ids: list[list[int]]
-    settings: Settings
-    future: asyncio.Future
-    n_tokens: int = 0  # source tokens, each sentence's EOS included
-
-    def __post_init__(self) -> None:
-        self.n_tokens = sum(len(ids) + 1 for ids in self.src_ids)
+# Defaults of `qkv serve`, in one place for the CLI and the library.
+DEFAULT_LIMITS: dict[str, Any] = dict(
+    max_batch_sentences=32,
+    max_batch_tokens=4096,
+    max_wait_ms=10.0,
+    max_queue=256,
+    max_texts=64,
+    max_chars=1000,
+    max_body_bytes=1 << 20,  # 64 texts of 1000 characters, even escaped as \\uXXXX pairs, fit
+    max_request_work=20_000,  # beam x output tokens: 64 short sentences at beam 5, or one long at beam 16
+    max_queue_work=200_000,  # ten of the largest requests
+    max_attention_weights=1_000_000,  # about 7 MB of JSON
+    request_timeout=60.0,
+)
 
 
-@dataclass
-class Stats:
-    requests: int = 0  # accepted into the queue
-    rejected: int = 0  # answered 503
-    cancelled: int = 0  # the client went away before its batch ran
-    failed: int = 0
-    batches: int = 0
-    sentences: int = 0
-    batch_requests: int = 0
-    batch_sizes: Counter = field(default_factory=Counter)  # sentences per batch -> how many batches
+class BodyTooLarge(HTTPException):
+    """Raised while a body arrives, as soon as it passes the limit (FastAPI lets HTTPException through)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "rejected": self.rejected,
-            "cancelled": self.cancelled,
-            "failed": self.failed,
-            "batches": self.batches,
-            "sentences": self.sentences,
-            "mean_batch_size": self.sentences / self.batches if self.batches else 0.0,
-            "mean_batch_requests": self.batch_requests / self.batches if self.batches else 0.0,
-            "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
-        }
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body larger than this server's limit of {limit} bytes (--max-body-bytes)")
 
 
-class Batcher:
-    """The queue, the worker that forms batches from it, and the thread that runs the model."""
+class BodyLimit:
+    """ASGI middleware: answer 413 before a too-large body is buffered or parsed. A declared
+    Content-Length is checked before anything is read; a chunked body is counted as it arrives."""
 
-    def __init__(
-        self,
-        model: Transformer,
-        tokenizer: Tokenizer,
-        *,
-        max_batch_sentences: int,
-        max_batch_tokens: int,
-        max_wait_ms: float,
-        max_queue: int,
-    ) -> None:
-        self.model, self.tokenizer = model, tokenizer
-        self.max_batch_sentences, self.max_batch_tokens = max_batch_sentences, max_batch_tokens
-        self.max_wait = max_wait_ms / 1000
-        self.max_queue = max_queue
-        self.stats = Stats()
-        self.closing = False
-        self._queue: asyncio.Queue[Job | None] | None = None
-        self._held: Job | None = None  # taken from the queue but did not fit the last batch
-        self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="qkv-translate")
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
 
-    def start(self) -> None:
-        # The queue is made here, inside the server's event loop.
-        self._queue = asyncio.Queue(self.max_queue)
-        self._task = asyncio.create_task(self._run(), name="qkv-batcher")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send)
+            return
+        received, started = 0, False
 
-    async def close(self) -> None:
-        """Stop accepting work, translate everything already queued, then stop the worker."""
-        self.closing = True
-        if self._task is not None:
-            await self._queue.put(None)  # FIFO: queued requests come first
-            await self._task
-        self._executor.shutdown(wait=True)
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
 
-    def queue_depth(self) -> int:
-        return self._queue.qsize() if self._queue is not None else 0
+        async def watching_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
-    def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings) -> asyncio.Future:
-        if self.closing or self._queue is None:
-            self.stats.rejected += 1
-            raise Busy("the server is shutting down")
-        job = Job(texts, src_ids, settings, asyncio.get_running_loop().create_future())
         try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            self.stats.rejected += 1
-            raise Busy(f"the translation queue is full ({self.max_queue} requests waiting)") from None
-        self.stats.requests += 1
-        return job.future
+            await self.app(scope, counting_receive, watching_send)
+        except BodyTooLarge:  # only if no handler answered it on the way out
+            if started:
+                raise
+            await self._reject(send)
 
-    async def _next(self, timeout: float | None) -> Job | None:
-        if self._held is not None:
-            job, self._held = self._held, None
-            return job
-        if timeout is None:
-            return await self._queue.get()
-        if timeout <= 0:
-            return self._queue.get_nowait()  # raises QueueEmpty
-        return await asyncio.wait_for(self._queue.get(), timeout)
+    async def _reject(self, send: Send) -> None:
+        await _body_too_large_response(BodyTooLarge(self.max_bytes))({"type": "http"}, _nothing_to_receive, send)
 
-    async def _collect(self) -> tuple[list[Job], bool]:
-        """The next batch: whatever arrives within max_wait of the first request, within the budgets.
-        A request is never split; one larger than the budgets makes a batch on its own."""
-        first = await self._next(None)
-        if first is None:
-            return [], True
-        batch, sentences, tokens = [first], len(first.texts), first.n_tokens
-        deadline = time.monotonic() + self.max_wait
-        while sentences < self.max_batch_sentences and tokens < self.max_batch_tokens:
-            try:
-                job = await self._next(max(deadline - time.monotonic(), 0.0))
-            except (asyncio.TimeoutError, asyncio.QueueEmpty):  # the two differ on Python 3.10
-                break
-            if job is None:
-                return batch, True
-            if sentences + len(job.texts) > self.max_batch_sentences or tokens + job.n_tokens > self.max_batch_tokens:
-                self._held = job
-                break
-            batch.append(job)
-            sentences, tokens = sentences + len(job.texts), tokens + job.n_tokens
-        return batch, False
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        stopping = False
-        while not stopping or self._held is not None:
-            if stopping:  # the sentinel came while a request was held back: finish that one too
-                batch = [self._held]
-                self._held = None
-            else:
-                batch, stopping = await self._collect()
-            groups: dict[Settings, list[Job]] = {}
-            for job in batch:
-                if job.future.done():  # cancelled: its client went away
-                    self.stats.cancelled += 1
-                else:
-                    groups.setdefault(job.settings, []).append(job)
-            for settings, jobs in groups.items():
-                try:
-                    results = await loop.run_in_executor(self._executor, self.translate_group, settings, jobs)
-                except Exception as error:  # one failed batch must not stop the server
-                    log.exception("translation failed for a batch of %d requests", len(jobs))
-                    self.stats.failed += len(jobs)
-                    for job in jobs:
-                        if not job.future.done():
-                            job.future.set_exception(RuntimeError(f"translation failed: {error}"))
-                    continue
-                n = sum(len(job.texts) for job in jobs)
-                self.stats.batches += 1
-                self.stats.sentences += n
-                self.stats.batch_requests += len(jobs)
-                self.stats.batch_sizes[n] += 1
-                for job, result in zip(jobs, results):
-                    if not job.future.done():
-                        job.future.set_result(result)
+def _body_too_large_response(error: BodyTooLarge) -> JSONResponse:
+    # Connection: close, so that the server reads no more of a body it has refused.
+    return JSONResponse({"detail": error.detail}, 413, {"connection": "close"})
 
-    def translate_group(self, settings: Settings, jobs: list[Job]) -> list[dict[str, Any]]:
-        """Runs in the worker thread: one batch of requests with equal settings -> one result each."""
-        beam_size, max_length, attention = settings
-        config = DecodeConfig(beam_size=beam_size)
-        if max_length is not None:
-            config = DecodeConfig(beam_size=beam_size, max_len_a=0.0, max_len_b=max_length)
-        if attention:  # captured one sentence at a time: the weights of exactly the returned output
-            out = []
-            for job in jobs:
-                captures = [self._capture(text, ids, config) for text, ids in zip(job.texts, job.src_ids)]
-                out.append({"translations": [c["translation"] for c in captures], "attention": captures})
-            return out
-        translator = Translator(
-            self.model, self.tokenizer, config,
-            max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,
-        )
-        all_ids = [ids for job in jobs for ids in job.src_ids]
-        hyps = translator.translate_ids(all_ids)
-        texts = [self.tokenizer.decode(h[0].tokens) for h in hyps]
-        out, start = [], 0
-        for job in jobs:
-            out.append({"translations": texts[start : start + len(job.texts)]})
-            start += len(job.texts)
-        return out
 
-    def _capture(self, text: str, ids: list[int], config: DecodeConfig) -> dict[str, Any]:
-        if not ids:  # as Translator: an empty input translates to ''; one key gets all the weight
-            c = self.model.config
-            ones = [[[[1.0]] for _ in range(c.n_heads)] for _ in range(c.n_decoder_layers)]
-            return {"source": text, "translation": "", "src_tokens": ["</s>"], "tgt_tokens": ["</s>"], "cross": ones}
-        capture = capture_attention(self.model, self.tokenizer, text, config)
-        return {
-            "source": text,
-            "translation": capture.translation,
-            "src_tokens": capture.src_tokens,
-            "tgt_tokens": capture.tgt_tokens,
-            "cross": capture.cross.double().round(decimals=4).tolist(),  # (L, H, T, S)
-        }
+async def _body_too_large(request: Request, error: BodyTooLarge) -> JSONResponse:
+    return _body_too_large_response(error)
+
+
+async def _nothing_to_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone away. After the body, the server's receive() waits for that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class AttentionOut(BaseModel):
@@ -357,69 +232,106 @@ def page_html() -> str:
     return resources.files("qkv").joinpath("server.html").read_text(encoding="utf-8")
 
 
-def create_app(
-    checkpoint_dir: str | Path,
-    *,
-    max_batch_sentences: int = 32,
-    max_batch_tokens: int = 4096,
-    max_wait_ms: float = 10,
-    max_queue: int = 256,
-    max_texts: int = 64,
-    max_chars: int = 1000,
-) -> FastAPI:
-    """Load the checkpoint (errors surface here, before any port is bound) and build the app."""
-    limits = dict(
-        max_batch_sentences=max_batch_sentences, max_batch_tokens=max_batch_tokens, max_queue=max_queue,
-        max_texts=max_texts, max_chars=max_chars,
-    )
+def _too_much(field: str, kind: str, message: str) -> JSONResponse:
+    # The shape of FastAPI's own 422, so that clients (and the page) read every limit the same way.
+    return JSONResponse({"detail": [{"loc": ["body", field], "type": kind, "msg": message}]}, 422)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": message}, status, headers)
+
+
+def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
+    """Load the checkpoint (errors surface here, before any port is bound) and build the app.
+    ``overrides`` replace entries of ``DEFAULT_LIMITS``."""
+    unknown = set(overrides) - set(DEFAULT_LIMITS)
+    if unknown:
+        raise ValueError(f"unknown server limits: {', '.join(sorted(unknown))}")
+    limits = {**DEFAULT_LIMITS, **overrides}
     for name, value in limits.items():
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    if max_wait_ms < 0:
-        raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
+        if name != "max_wait_ms" and not value > 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if limits["max_wait_ms"] < 0:
+        raise ValueError(f"max_wait_ms must be >= 0, got {limits['max_wait_ms']}")
+    if limits["max_queue_work"] < limits["max_request_work"]:
+        raise ValueError("max_queue_work must be at least max_request_work, or the largest request never fits")
     loaded = checkpoint.load(checkpoint_dir)
     info = model_info(loaded)
     tokenizer, max_src = loaded.tokenizer, loaded.model.config.max_len - 1
     batcher = Batcher(
-        loaded.model, tokenizer, max_batch_sentences=max_batch_sentences, max_batch_tokens=max_batch_tokens,
-        max_wait_ms=max_wait_ms, max_queue=max_queue,
+        loaded.model, tokenizer, max_batch_sentences=limits["max_batch_sentences"],
+        max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
+        max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
     )
-    TranslateRequest = _request_model(max_texts=max_texts, max_chars=max_chars, max_output=max_src)
+    TranslateRequest = _request_model(max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src)
+    max_work, max_weights, timeout = limits["max_request_work"], limits["max_attention_weights"], limits["request_timeout"]
     page = page_html()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         batcher.start()
         yield
-        # uvicorn calls this after in-flight requests have been answered (SIGTERM's graceful shutdown).
+        # uvicorn calls this once requests in flight are answered or, after --graceful-timeout, given up.
         await batcher.close()
 
+    errors = {status: {"model": ErrorOut, "description": text} for status, text in ERRORS.items()}
     app = FastAPI(
         title="qkv translation server",
         version="1",
         description=f"Transformer translation ({info['src_lang']} -> {info['tgt_lang']}) with dynamic batching.",
         lifespan=lifespan,
-        exception_handlers={RequestValidationError: _invalid_request},
+        exception_handlers={RequestValidationError: _invalid_request, BodyTooLarge: _body_too_large},
     )
+    app.add_middleware(BodyLimit, max_bytes=limits["max_body_bytes"])
     app.state.batcher = batcher
 
-    @app.post(
-        "/v1/translate",
-        response_model=TranslateResponse,
-        response_model_exclude_none=True,
-        responses={503: {"model": ErrorOut, "description": "queue full or shutting down; see Retry-After"}},
-    )
-    async def translate(body: TranslateRequest):  # type: ignore[valid-type]
+    @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True, responses=errors)
+    async def translate(request: Request, body: TranslateRequest):  # type: ignore[valid-type]
         """Translate texts, in order; with `attention`, also each output's cross-attention and tokens."""
-        src_ids = [tokenizer.encode(text)[:max_src] for text in body.texts]
+        src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(body.texts)]
+        settings = (body.beam_size, body.max_length, body.attention)
+        work = batcher.work(src_ids, settings)
+        if work > max_work:
+            return _too_much("texts", "too_much_work", (
+                f"this request asks for {work} units of decoding work (beam_size x maximum output tokens, summed "
+                f"over texts); this server's limit is {max_work} (--max-request-work): send fewer or shorter "
+                "texts, a smaller beam_size or a max_length"
+            ))
+        if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
+            return _too_much("attention", "too_much_attention", (
+                f"with attention this request could return {weights} weights (layers x heads x output x source "
+                f"tokens, summed over texts); this server's limit is {max_weights} (--max-attention-weights): "
+                "send fewer or shorter texts, or a max_length"
+            ))
         try:
-            future = batcher.submit(body.texts, src_ids, (body.beam_size, body.max_length, body.attention))
+            job = batcher.submit(body.texts, src_ids, settings, work)
         except Busy as busy:
-            return JSONResponse({"detail": f"server busy: {busy}; retry later"}, 503, {"Retry-After": str(RETRY_AFTER_S)})
+            return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+        return await _answer(request, job)
+
+    async def _answer(request: Request, job: Job) -> Response:
+        """Wait for the job's JSON, the client's disconnect or the timeout, whichever comes first."""
+        gone = asyncio.create_task(_disconnected(request))
         try:
-            return await future
-        except RuntimeError as error:
-            return JSONResponse({"detail": str(error)}, 500)
+            done, _ = await asyncio.wait({job.future, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs after --graceful-timeout: say so (not a bare 500) and stop.
+            return _error(503, "the server is shutting down; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+        finally:
+            gone.cancel()
+            job.future.cancel()  # a no-op once answered; otherwise the batcher drops or stops its work
+        if job.future in done and not job.future.cancelled():
+            try:
+                return Response(job.future.result(), media_type="application/json")
+            except Busy as busy:
+                return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+            except RuntimeError:
+                return _error(500, "translation failed; the server's log has the details")
+        if gone in done:
+            batcher.stats.cancelled += 1
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        batcher.stats.timed_out += 1
+        return _error(504, f"translation took longer than this server's limit of {timeout:g} s (--request-timeout)")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -432,14 +344,41 @@ def create_app(
 
     @app.get("/v1/stats")
     async def stats() -> dict[str, Any]:
-        """Requests served and rejected, and the sizes of the batches the worker formed."""
-        return {**batcher.stats.to_json(), "queue": batcher.queue_depth(), "limits": {**limits, "max_wait_ms": max_wait_ms}}
+        """Requests served, rejected, cancelled and failed, the sizes of the batches, the queue and the limits."""
+        queue = {"queue": batcher.queue_depth(), "queue_work": batcher.pending_work}
+        return {**batcher.stats.to_json(), **queue, "limits": limits}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> str:
         return page
 
     return app
+
+
+ERRORS = {
+    413: "the body is larger than --max-body-bytes",
+    422: "invalid request, or over a limit (--max-texts, --max-chars, --max-request-work, --max-attention-weights)",
+    500: "the translation failed (the server's log has the details)",
+    503: "queue full or shutting down; see Retry-After",
+    504: "the translation took longer than --request-timeout",
+}
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, or a one-line error (say, a port already in use)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise RuntimeError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart without waiting for TIME_WAIT
+    try:
+        sock.bind(address)
+    except OSError as error:
+        sock.close()
+        hint = "; is another server running there? choose another --port" if error.errno == errno.EADDRINUSE else ""
+        raise RuntimeError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
+    return sock
 
 
 def serve(
@@ -451,10 +390,12 @@ def serve(
     graceful_timeout: float = 30.0,
     **limits: Any,
 ) -> None:
-    """Run the app with uvicorn until SIGINT/SIGTERM; in-flight requests finish first (up to graceful_timeout)."""
+    """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
+    seconds to finish; then they are answered no more and their work stops."""
     import uvicorn
 
     app = create_app(checkpoint_dir, **limits)
-    uvicorn.run(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=graceful_timeout
-    )
+    sock = listen(host, port)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)
+    logging.getLogger("uvicorn.error").info("qkv serve on http://%s:%d (Press CTRL+C to quit)", host, port)
+    uvicorn.Server(config).run(sockets=[sock])

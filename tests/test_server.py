@@ -7,6 +7,7 @@ client, serving a tiny model trained here on the generated dates task (no corpus
 import asyncio
 import hashlib
 import importlib.util
+import json
 import re
 import shutil
 import signal
@@ -31,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("load_test", ROOT / "benchmarks" / "load_test.py")
 load_test = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(load_test)
+_spec = importlib.util.spec_from_file_location("hostile_client", ROOT / "benchmarks" / "hostile_client.py")
+hostile_client = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hostile_client)
 
 # Inputs the tiny dates model tells apart, so a shuffled answer would be caught.
 DATES = ["9 mai 2017", "3. Oktober 1990", "le 14 juillet 1989", "Tuesday, 9th of May 2017", "21/12/55", "1 enero 2042"]
@@ -45,6 +49,24 @@ def _slow(self, *args):
     time.sleep({SLOW_S})
     return _translate_group(self, *args)
 server.Batcher.translate_group = _slow
+"""
+
+# A server whose model never emits EOS, so every search runs to its maximum length: the worst case
+# that --max-request-work bounds. Each decoding step sleeps `step_s` more, to make the work long.
+NEVER_STOP_PRELUDE = """
+import time
+import torch
+import qkv.checkpoint as checkpoint
+_load = checkpoint.load
+def _load_never_stop(*args, **kwargs):
+    loaded = _load(*args, **kwargs)
+    eos = loaded.tokenizer.eos_id
+    def no_eos(module, inputs, output):
+        time.sleep({step_s})
+        return output.index_fill(-1, torch.tensor([eos]), float("-inf"))
+    loaded.model.generator.register_forward_hook(no_eos)
+    return loaded
+checkpoint.load = _load_never_stop
 """
 
 
@@ -362,6 +384,10 @@ def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_pa
         colored = browser.find_elements(By.CSS_SELECTOR, "#src-strip .src-tok")[0].value_of_css_property("background-color")
         assert colored not in ("rgba(0, 0, 0, 0)", "transparent")
 
+    L, H = cross.size(0), cross.size(1)
+    labels = lambda id: [o.text for o in Select(browser.find_element(By.ID, id)).options]  # noqa: E731
+    assert labels("layer") == [str(i) for i in range(1, L + 1)]  # both from 1, as qkv attend numbers them
+    assert labels("head") == ["average", *[str(i) for i in range(1, H + 1)]]
     Select(browser.find_element(By.ID, "layer")).select_by_value("0")
     Select(browser.find_element(By.ID, "head")).select_by_value("1")
     hover_target(0)
@@ -369,20 +395,314 @@ def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_pa
     browser.save_screenshot(str(tmp_path / "page.png"))
 
 
-def test_schemathesis_finds_no_server_errors(model_dir, tmp_path):
+SCHEMATHESIS_RUNS = {
+    # Small limits make each fuzzed request cheap, so the fuzzer probes every bound many times.
+    "small limits": (["--max-texts", "4", "--max-chars", "100"], 60),
+    # The defaults, attention included: large texts, where the work and attention limits answer.
+    "default limits": ([], 40),
+}
+
+
+@pytest.mark.parametrize("run_name", SCHEMATHESIS_RUNS, ids=list(SCHEMATHESIS_RUNS))
+def test_schemathesis_finds_no_server_errors(model_dir, tmp_path, run_name):
     pytest.importorskip("schemathesis")
     executable = Path(sys.executable).parent / "schemathesis"
     if not executable.exists():
         executable = shutil.which("schemathesis")
-    # Small limits keep each fuzzed request cheap; the fuzzer still probes every bound.
-    args = ["--max-texts", "4", "--max-chars", "100", "--log-level", "warning"]
-    with load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log") as server:
+    limits, examples = SCHEMATHESIS_RUNS[run_name]
+    with load_test.ServerProcess(model_dir, *limits, "--log-level", "info", log_path=tmp_path / "server.log") as server:
         run = subprocess.run(
             [str(executable), "run", f"{server.url}/openapi.json", "--checks", "not_a_server_error",
-             "--max-examples", "60", "--seed", "1", "--workers", "1", "--request-timeout", "30"],
+             "--max-examples", str(examples), "--seed", "1", "--workers", "1", "--request-timeout", "30",
+             "--report", "har", "--report-har-path", str(tmp_path / "fuzz.har")],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,
         )
-        log = server.log()
+        log = server.log_path.read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "No issues found" in run.stdout, run.stdout[-3000:]
-    assert "Traceback" not in log, log
+    assert "Traceback" not in log, log[-4000:]
+    # The fuzzer did reach the translation itself, with attention too.
+    answered = []
+    for entry in json.loads((tmp_path / "fuzz.har").read_text())["log"]["entries"]:
+        if entry["request"]["method"] == "POST" and entry["response"]["status"] == 200:
+            answered.append(json.loads(entry["request"]["postData"]["text"]).get("attention", False))
+    assert True in answered and False in answered, answered
+
+
+def test_cli_defaults_are_the_servers():
+    from qkv.cli import build_parser
+    from qkv.server import DEFAULT_LIMITS
+
+    args = build_parser().parse_args(["serve", "--checkpoint", "x"])
+    assert {name: getattr(args, name) for name in DEFAULT_LIMITS} == DEFAULT_LIMITS
+
+
+LIMIT_CASES = {
+    # 64 long texts at beam 16: about a million units of decoding work.
+    "work": ({"texts": ["9 mai 2017 " * 90] * 64, "beam_size": 16}, ["body", "texts"], "--max-request-work"),
+    # One long text with attention: few decoding steps at beam 1, but millions of weights.
+    "attention": ({"texts": ["9 mai 2017 " * 90], "beam_size": 1, "attention": True}, ["body", "attention"], "--max-attention-weights"),
+}
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=list(LIMIT_CASES))
+def test_work_and_attention_limits_answer_422_naming_the_limit(server, case):
+    body, location, flag = LIMIT_CASES[case]
+    started = time.monotonic()
+    response = post(server, body)
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["detail"]
+    assert problem["loc"] == location and flag in problem["msg"], problem
+    assert time.monotonic() - started < 5, "refused before any decoding"
+    # Within the limit, the same kind of request is served.
+    smaller = {**body, "texts": body["texts"][:1], "max_length": 20}
+    assert post(server, smaller).status_code == 200
+
+
+def test_body_limit_answers_413_before_reading_the_body(server):
+    status, seconds = hostile_client.oversized_declared(server.url, declared=1 << 30)
+    assert status == 413 and seconds < 5
+    status, seconds, sent = hostile_client.oversized_chunked(server.url, total=256 << 20)
+    assert status == 413 and sent < 64 << 20, sent  # it answered long before the 256 MiB were sent
+    # The same limit through an ordinary client, and its message.
+    response = httpx.post(f"{server.url}/v1/translate", content=b"[" * (2 << 20), headers={"content-type": "application/json"})
+    assert response.status_code == 413 and response.headers["connection"] == "close"
+    assert "--max-body-bytes" in response.json()["detail"]
+    # After refusing a chunked body, the server closes the connection instead of reading on.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.sendall((b"%x\r\n" % (1 << 20)) + b"a" * (1 << 20) + b"\r\n" + b"1\r\na\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes; a timeout here fails the test
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"--max-body-bytes" in answer, answer[:300]
+    # The largest body the default text limits allow (64 texts of 1000 emoji, each escaped as a
+    # 12-byte surrogate pair) is under the default body limit (and the tiny model's tokenizer makes
+    # each text 2 unknown tokens, so it is translated).
+    largest = json.dumps({"texts": ["\U0001F600" * 1000] * 64, "beam_size": 1}, ensure_ascii=True).encode()
+    assert 750_000 < len(largest) < 1 << 20
+    response = httpx.post(f"{server.url}/v1/translate", content=largest, headers={"content-type": "application/json"})
+    assert response.status_code == 200 and len(response.json()["translations"]) == 64, response.text[:300]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp_path):
+    """Oversized bodies, the largest requests the default limits allow, and 20 clients that send the
+    largest request and hang up, against a model that never stops early: /health keeps answering
+    (p99 under 100 ms), the polite clients are served, and the flood's work is dropped."""
+    prelude = NEVER_STOP_PRELUDE.format(step_s=0)
+    log = tmp_path / "server.log"
+    with load_test.ServerProcess(model_dir, "--log-level", "info", log_path=log, prelude=prelude) as server:
+        result = asyncio.run(hostile_client.run_hostile(server.url, flood_clients=20, polite_clients=8))
+    report = hostile_client.format_report(result)
+    assert result["declared_1GiB"][0] == 413 and result["chunked"][0] == 413, report
+    assert result["work_request"]["status"] == 200 and result["attention_request"]["status"] == 200, report
+    assert result["work_request"]["body"]["max_length"] == 625, report  # 2 texts x beam 16 x 625 = the 20,000 limit
+    assert [p["status"] for p in result["polite"]] == [200] * 8, report
+    health = result["health"]
+    assert not health["failures"] and health["n"] >= 50, report
+    assert health["p99_ms"] < 100, report
+    counters = result["server"]
+    flood_admitted = counters["requests"] - 2 - 8  # the rest of the flood was refused with 503
+    assert flood_admitted >= 1, report
+    assert counters["cancelled"] == flood_admitted, report  # every admitted flood request was dropped ...
+    assert counters["sentences"] == 2 + result["attention_request"]["texts"] + 8, report  # ... untranslated
+    assert counters["failed"] == 0, report
+    assert "Traceback" not in log.read_text()
+
+
+POISON_PRELUDE = """
+import qkv.server as server
+_translate_group = server.Batcher.translate_group
+def _poisoned(self, settings, jobs):
+    if any("POISON" in text for job in jobs for text in job.texts):
+        raise ValueError("secret internal detail: cannot translate POISON")
+    return _translate_group(self, settings, jobs)
+server.Batcher.translate_group = _poisoned
+"""
+
+
+def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
+    log = tmp_path / "server.log"
+    texts = DATES[:4]
+    expected = expected_translations(loaded, texts, beam_size=2)
+    # A long --max-wait-ms: the five requests below arrive together and share one batch.
+    args = ("--max-wait-ms", "500", "--log-level", "info")
+    with load_test.ServerProcess(model_dir, *args, log_path=log, prelude=POISON_PRELUDE) as server:
+
+        async def clients():
+            async with httpx.AsyncClient(timeout=60) as client:
+                bodies = [{"texts": [t], "beam_size": 2} for t in texts] + [{"texts": ["POISON 2017"], "beam_size": 2}]
+                return await asyncio.gather(*[client.post(f"{server.url}/v1/translate", json=b) for b in bodies])
+
+        *innocent, culprit = asyncio.run(clients())
+        stats = httpx.get(f"{server.url}/v1/stats").json()
+    assert [r.status_code for r in innocent] == [200] * 4, [r.text for r in innocent]
+    assert [r.json()["translations"][0] for r in innocent] == expected
+    assert culprit.status_code == 500
+    assert culprit.json() == {"detail": "translation failed; the server's log has the details"}
+    assert stats["failed"] == 1 and stats["batch_sizes"].get("1") == 4, stats  # retried one at a time
+    text = log.read_text()
+    assert "secret internal detail" in text and "Traceback" in text  # the developer sees it, the client not
+
+
+def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
+    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 625 steps: over 12 s of work per request below
+    args = ("--request-timeout", "2", "--log-level", "info")
+    long_request = {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625}
+
+    def wait_for(server, key: str, value: int) -> dict:
+        deadline = time.monotonic() + 5
+        while (stats := httpx.get(f"{server.url}/v1/stats").json())[key] < value:
+            assert time.monotonic() < deadline, f"the abandoned batch kept running: {stats}"
+            time.sleep(0.05)
+        return stats
+
+    with load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log", prelude=prelude) as server:
+        # Past --request-timeout: a 504 that names the flag, and the batch stops.
+        started = time.monotonic()
+        response = post(server, long_request)
+        waited = time.monotonic() - started
+        assert response.status_code == 504, response.text
+        assert "--request-timeout" in response.json()["detail"]
+        assert 2 <= waited < 6, waited
+        stats = wait_for(server, "aborted_batches", 1)
+        assert stats["timed_out"] == 1 and stats["sentences"] == 0, stats
+        # A client that hangs up while its request is decoded: the batch stops too.
+        body = json.dumps(long_request).encode()
+        head = f"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", server.port)) as rude:
+            rude.sendall(head.encode() + body)
+            wait_for(server, "requests", 2)
+            time.sleep(0.5)  # decoding now
+        stats = wait_for(server, "aborted_batches", 2)
+        assert stats["cancelled"] == 1 and stats["sentences"] == 0, stats
+        assert post(server, {"texts": [DATES[1]], "beam_size": 1, "max_length": 5}).status_code == 200
+
+
+def test_sigterm_respects_graceful_timeout(model_dir, tmp_path):
+    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # a request of over 12 s
+    graceful = 2.0
+    args = ("--graceful-timeout", str(graceful), "--log-level", "info")
+    server = load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log", prelude=prelude).start()
+    try:
+        outcome: list = []
+
+        def call() -> None:
+            outcome.append(post(server, {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625}))
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{server.url}/v1/stats").json()["requests"] < 1:
+            assert time.monotonic() < deadline, "the request never reached the server"
+            time.sleep(0.02)
+        time.sleep(0.5)  # now decoding
+        signalled = time.monotonic()
+        server.terminate()
+        status = server.process.wait(graceful + 10)
+        exited = time.monotonic() - signalled
+        thread.join(10)
+    finally:
+        server.stop()
+    assert status in (0, -signal.SIGTERM)
+    assert graceful <= exited < graceful + 3, f"exited {exited:.1f}s after SIGTERM with --graceful-timeout {graceful}"
+    (response,) = outcome  # cut off with a clear answer, not translated
+    assert response.status_code == 503 and "shutting down" in response.json()["detail"], response.text
+    log = (tmp_path / "server.log").read_text()
+    assert "Application shutdown complete" in log and "Traceback" not in log, log
+
+
+def test_a_port_in_use_is_a_one_line_error(model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "qkv", "serve", "--checkpoint", str(model_dir), "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+        )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"qkv serve: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
+        "is another server running there? choose another --port"
+    ], run.stderr
+
+
+def test_a_full_queue_counts_work_not_requests(model_dir):
+    # Room for one request of the largest size: a second one, however small, waits no more.
+    app = create_app(model_dir, max_request_work=200, max_queue_work=200, max_queue=100, max_wait_ms=0)
+    batcher = app.state.batcher
+    translate_group = batcher.translate_group
+    batcher.translate_group = lambda *args: (time.sleep(0.5), translate_group(*args))[1]
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
+                big = asyncio.create_task(client.post("/v1/translate", json={"texts": [DATES[0]], "beam_size": 10, "max_length": 20}))
+                await asyncio.sleep(0.2)
+                small = await client.post("/v1/translate", json={"texts": [DATES[1]], "beam_size": 1, "max_length": 1})
+                return await big, small
+
+    big, small = asyncio.run(scenario())
+    assert big.status_code == 200
+    assert small.status_code == 503 and int(small.headers["retry-after"]) >= 1
+    assert "200 units of work" in small.json()["detail"], small.json()
+
+
+@pytest.mark.parametrize("max_work, batches", [(300, 2), (400, 1)])
+def test_a_batch_holds_at_most_max_request_work(model_dir, max_work, batches):
+    # Two requests of 200 units each (beam 10 x max_length 20), sent together: one batch if the limit allows 400.
+    app = create_app(model_dir, max_request_work=max_work, max_queue_work=1000, max_wait_ms=300)
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
+                body = {"texts": [DATES[0]], "beam_size": 10, "max_length": 20}
+                responses = await asyncio.gather(*[client.post("/v1/translate", json=body) for _ in range(2)])
+                return responses, (await client.get("/v1/stats")).json()
+
+    responses, stats = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200, 200]
+    assert stats["batches"] == batches, stats
+
+
+def test_page_numbers_layers_and_heads_from_1(tmp_path):
+    """Run the page's script in Node with a minimal DOM stand-in and read the layer and head menus."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("needs Node.js to run the page's script")
+    script = re.search(r"<script>(.*)</script>", (ROOT / "qkv" / "server.html").read_text(), re.S).group(1)
+    dom = """
+    class Node {
+      constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {}; this.dataset = {};
+        this.classList = {toggle() {}}; this.value = ""; this.textContent = ""; }
+      setAttribute(k, v) { this.attrs[k] = String(v); }
+      append(...nodes) { this.children.push(...nodes); }
+      replaceChildren(...nodes) { this.children = nodes; }
+      addEventListener() {}
+      querySelectorAll() { return []; }
+    }
+    const nodes = {};
+    globalThis.document = {
+      getElementById: (id) => (nodes[id] = nodes[id] || new Node("div")),
+      createElement: (tag) => new Node(tag),
+      querySelectorAll: () => [],
+    };
+    globalThis.fetch = async () => { throw new Error("offline"); };
+    """
+    run_it = """
+    const L = 3, H = 4, row = [[0.5, 0.5]];
+    captures = [{src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))}];
+    showResults(["a"], ["b"]);
+    const menu = (id) => nodes[id].children.map((o) => [o.attrs.value, o.textContent]);
+    console.log(JSON.stringify({layer: menu("layer"), head: menu("head")}));
+    """
+    (tmp_path / "page.js").write_text(dom + script + run_it)
+    run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    menus = json.loads(run.stdout)
+    assert menus["layer"] == [["0", "1"], ["1", "2"], ["2", "3"]]
+    assert menus["head"] == [["avg", "average"], ["0", "1"], ["1", "2"], ["2", "3"], ["3", "4"]]
