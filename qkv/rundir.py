@@ -147,7 +147,9 @@ class RunLog:
                 with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record) + "\n")
             except OSError as error:
-                raise OSError(error.errno, f"cannot append to {self.path} ({error.strerror or error})") from None
+                failure = OSError(f"cannot append to {self.path} ({error.strerror or error}); the run stops here")
+                failure.errno = error.errno
+                raise failure from None
         self.records.append(record)
 
 

@@ -190,7 +190,9 @@ class Trainer:
                 f"cannot write checkpoint {directory} ({error.strerror or error}); the run's earlier checkpoints "
                 f"are as they were: make room, then continue with qkv train --resume {self.run_dir}"
             )
-            raise OSError(error.errno, message) from None
+            failure = OSError(message)
+            failure.errno = error.errno
+            raise failure from None
         if directory.name == "last":
             self.saved_step = self.step
 
