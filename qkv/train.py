@@ -404,17 +404,17 @@ class Trainer:
             world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.autocast,
         )
         bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
-        together = False  # whether all ranks stopped at the same step boundary (and can still talk)
+        together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
         with self.stop:
             try:
                 stopped_because = self._train(bar)
-                together = True
                 bar.close()
                 # The run ends with a checkpoint of its last step (unless one was just written).
                 newest = step_dirs(self.run_dir)[-1:] if ctx.is_main else []
                 if distributed.broadcast_flag(ctx.is_main and [d.name for d in newest] != [f"step-{self.step:06d}"], ctx):
                     self.checkpoint_and_validate()
-                together = False
+                    self._stop_if_signalled()
+                together = False  # rank 0 alone writes final/
                 final: dict[str, Any] = {}
                 if ctx.is_main:
                     final = self.finish()

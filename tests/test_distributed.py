@@ -302,3 +302,52 @@ def test_torchrun_trains_is_interrupted_resumes_and_its_checkpoint_translates(da
     )  # fmt: skip
     assert translated.returncode == 0, translated.stderr
     assert len(translated.stdout.splitlines()) == len(sources)
+
+
+SLOW_VALIDATION = """
+import sys, time
+from qkv import cli, train
+
+class SlowValidation(train.Trainer):
+    def validate(self):
+        if self.step >= 4 and self.dist.is_main:
+            (self.run_dir / "validating").write_text(str(self.step))
+            while True:  # a validation that would outlast torchrun's grace period (SIGKILL after 30 s)
+                time.sleep(0.05)
+        return super().validate()
+
+train.Trainer = SlowValidation
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_rank_0_validates_saves_last_before_torchrun_kills(dates, tmp_path):
+    """A scheduler pre-empts a torchrun job with SIGTERM, and torchrun sends SIGKILL 30 s later. Rank 0
+    abandons a validation that would never end, and every rank stops at the same step: last/ is saved."""
+    data, _ = dates
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+         sys.executable, "-c", SLOW_VALIDATION, "train", "--preset", "tiny", "--train-src", str(data), "--out", str(run),
+         "--model", "dropout=0.1", "--no-progress", "--max-steps", "100000", "--train", "eval_every=4", "threads=1"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "validating").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no validation within 120 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=90)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    S = int((run / "validating").read_text())
+    assert output.count(f"interrupted: saved {run / 'last'} at step {S} (SIGTERM)") == 1, output
+    saved = json.loads((run / "last" / checkpoint.TRAINER_JSON).read_text())
+    assert saved["step"] == S and len(saved["rank_rng"]) == 2
+    checkpoint.verify(run / "last")
+    log = read_log(run)
+    assert [(r["event"], r["step"]) for r in log if r["event"] != "train"][-2:] == [("valid_abandoned", S), ("interrupted", S)]
