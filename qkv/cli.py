@@ -164,7 +164,7 @@ def train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, ctx) -> int:
     from qkv import distributed
-    from qkv.rundir import check_new_run, clear_run
+    from qkv.rundir import check_new_run
     from qkv.stopping import StopRequested
     from qkv.train import Trainer, build_configs
 
@@ -182,15 +182,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
     else:
         if not args.out:
             raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
-        # Every process checks before any writes; the run directory is cleared once, by rank 0.
+        # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
         problem = check_new_run(Path(args.out), overwrite=args.overwrite)
         if distributed.any_rank([problem is not None], ctx)[0]:
             raise ValueError(problem or f"--out {args.out} was refused by another process")
-        if args.overwrite and ctx.is_main and Path(args.out).is_dir():
-            deleted = clear_run(Path(args.out))
-            if deleted:
-                print(f"--overwrite: deleted {', '.join(deleted)} from {args.out}", file=sys.stderr)
-        distributed.barrier(ctx)
         data = parse_overrides(args.data)
         for key, value in [
             ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
@@ -204,7 +199,9 @@ def _train(args: argparse.Namespace, ctx) -> int:
         model_cfg, train_cfg, data_cfg = build_configs(
             args.preset, model=parse_overrides(args.model), train=train_overrides, data=data
         )
-        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg)
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite)
+        if trainer.deleted:
+            print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
         where = f" in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else ""
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs{where} -> {trainer.run_dir}", file=sys.stderr)

@@ -123,7 +123,7 @@ class RunLog:
         self.path = path
         self.enabled = enabled
         self.records: list[dict[str, Any]] = []
-        if not path.exists():
+        if not enabled or not path.exists():  # other ranks never read the records
             return
         data = path.read_bytes()
         complete = data[: data.rfind(b"\n") + 1]
@@ -133,7 +133,7 @@ class RunLog:
                     self.records.append(json.loads(line))
                 except json.JSONDecodeError:
                     raise ValueError(f"{path} line {number} is not valid JSON: the log is corrupted") from None
-        if len(complete) < len(data) and enabled:
+        if len(complete) < len(data):
             warnings.warn(f"{path}: dropped a torn last line ({len(data) - len(complete)} bytes) left by an interrupted write", stacklevel=2)
             with open(path, "r+b") as handle:
                 handle.truncate(len(complete))

@@ -36,7 +36,7 @@ from qkv.evaluate import score
 from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
-from qkv.rundir import RunLog, plot_curves, step_dirs
+from qkv.rundir import RunLog, clear_run, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer
 from qkv.translate import Translator
@@ -73,7 +73,11 @@ class Trainer:
     ``self.train_model`` the DistributedDataParallel wrapper that training steps go through.
     """
 
-    def __init__(self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig) -> None:
+    def __init__(
+        self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *, start_over: bool = False
+    ) -> None:
+        """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
+        has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went."""
         self.run_dir = Path(run_dir)
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
@@ -81,6 +85,7 @@ class Trainer:
         if train.threads:
             torch.set_num_threads(train.threads)
         self.train_data, self.valid_data = load_corpora(data)
+        self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main)
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER

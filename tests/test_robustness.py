@@ -265,6 +265,33 @@ def test_a_signal_during_validation_abandons_it_and_saves_last(tmp_path, dates_t
     checkpoint.verify(run / "last")
 
 
+def test_a_signal_while_final_is_chosen_leaves_last_and_resume_writes_final_without_training(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    trainer = dates_trainer(run, dates_tsv, max_steps=4, eval_every=2, keep_last=2, average_last=2)
+    finish, validate = trainer.finish, trainer.validate
+    trainer.finish = lambda: (setattr(trainer, "finishing", True), finish())[1]
+
+    def validate_or_signal():
+        if getattr(trainer, "finishing", False):  # validating the average of step-2 and step-4
+            os.kill(os.getpid(), signal.SIGHUP)
+        return validate()
+
+    trainer.validate = validate_or_signal
+    with pytest.raises(StopRequested) as stopped:
+        trainer.run(progress=False)
+    assert stopped.value.exit_status == 129
+    assert not (run / "final").exists()
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 4
+
+    resumed = Trainer.resume(run)
+    stepped = []
+    resumed.train_step = lambda batches: stepped.append(batches)
+    result = resumed.run(progress=False)
+    assert stepped == [] and (result.step, result.stopped_because) == (4, "max_steps")
+    assert [r["event"] for r in resumed.log.records][-1] == "final"
+    checkpoint.load(run / "final")
+
+
 # ---- a full disk -----------------------------------------------------------------------------------
 
 
@@ -341,6 +368,10 @@ def test_out_over_an_existing_run_is_refused_and_changes_nothing(small_run, date
     assert f"--out {small_run} already holds a run: continue it with qkv train --resume {small_run}" in message
     assert "--overwrite" in message
     assert snapshot(small_run) == before
+    # --overwrite deletes nothing before the new run's settings and data have loaded
+    for mistake in (["--train", "lr_typo=1"], ["--train-src", str(dates_tsv.parent / "nowhere.tsv")]):
+        one_line_error(qkv(*train_args(dates_tsv, small_run, "--overwrite"), *mistake), "train")
+        assert snapshot(small_run) == before
 
 
 def test_out_into_a_directory_that_is_not_a_run_is_refused_even_with_overwrite(tmp_path, dates_tsv):
