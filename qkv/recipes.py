@@ -59,7 +59,7 @@ class TrainConfig:
     max_epochs: int = 1000
     max_steps: int = 0  # 0: no limit
     time_budget: float = 0.0  # seconds of training, turned into a step count after measure_steps; 0: no limit
-    measure_steps: int = 50  # with time_budget: updates timed before the budget becomes a number of steps
+    measure_steps: int = 0  # with time_budget: updates timed before the budget becomes a step count; 0: eval_every
     eval_every: int = 500  # steps between validations and checkpoints
     valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
     patience: int = 0  # stop after this many validations without a better BLEU; 0: never
@@ -82,8 +82,8 @@ class TrainConfig:
             raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
         if not 0 <= self.cooldown <= 1:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
-        if self.measure_steps < 1:
-            raise ValueError(f"measure_steps must be >= 1, got {self.measure_steps}")
+        if self.measure_steps < 0:
+            raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
         if self.time_budget and self.cooldown == 1:
             raise ValueError("cooldown must be < 1 with a time budget: the first measure_steps updates run before the run's length is known")
 

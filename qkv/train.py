@@ -226,8 +226,15 @@ class Trainer:
         end = self.end_step()
         return None if end is None else self.step / end
 
+    def plan_due(self) -> bool:
+        """Whether the time budget is still to be planned, now (the same answer on every rank)."""
+        cfg = self.train_cfg
+        return bool(cfg.time_budget) and self.planned_steps is None and self.step >= (cfg.measure_steps or cfg.eval_every)
+
     def plan_budget(self) -> None:
-        """Turn the time budget into a number of steps, once, after ``measure_steps`` updates.
+        """Turn the time budget into a number of steps, once: the pace of the updates so far (by
+        default the first ``eval_every``, with their validation and checkpoints) gives the steps that
+        fit in the budget.
 
         From then on the learning rate and the stop depend on the step alone, so a budgeted run is
         reproducible and resumes exactly: with ``planned_steps`` N it trains as ``--max-steps N``
@@ -235,12 +242,10 @@ class Trainer:
         ran at the full schedule, as they would under ``--max-steps N``.
         """
         cfg = self.train_cfg
-        if not cfg.time_budget or self.planned_steps is not None or self.step < cfg.measure_steps:
-            return
-        seconds_per_step = self.elapsed / self.step  # validations and checkpoints so far included
+        seconds_per_step = self.elapsed / self.step
         planned = max(self.step, int(cfg.time_budget / seconds_per_step))
         if cfg.cooldown:
-            planned = max(planned, math.ceil((cfg.measure_steps - 1) / (1 - cfg.cooldown)) + 1)
+            planned = max(planned, math.ceil((self.step - 1) / (1 - cfg.cooldown)) + 1)
         self.planned_steps = planned
         self.log.write(event="budget", step=self.step, planned_steps=planned, seconds_per_step=round(seconds_per_step, 6))
 
@@ -463,9 +468,7 @@ class Trainer:
                 self.step += 1
                 skipped += not applied
                 window_tokens += n_tokens
-                # Rank 0's clock on every rank: the budget's plan depends on it.
-                self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
-                self.plan_budget()
+                self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)  # rank 0's clock
                 end = self.end_step()
                 bar.total = end
                 if self.step % 50 == 0 or not applied:
@@ -485,6 +488,12 @@ class Trainer:
                     elif at_end:
                         stopped_because = "max_steps" if end == cfg.max_steps else "time_budget"
                     if stopped_because != "max_epochs":
+                        break
+                if self.plan_due():  # after this step's validation, so that the pace includes it
+                    self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
+                    self.plan_budget()
+                    if self.step >= self.end_step():  # the budget is spent already
+                        stopped_because = "max_steps" if self.end_step() == cfg.max_steps else "time_budget"
                         break
             else:
                 self.epoch, self.position = self.epoch + 1, 0

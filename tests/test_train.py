@@ -346,3 +346,12 @@ def test_resume_refuses_overrides_that_could_not_take_effect(tmp_path, dates_tsv
     assert resumed.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(4, peak=1e-3, warmup=resumed.train_cfg.warmup_steps)
     with pytest.raises(ValueError, match="cooldown must be < 1 with a time budget"):
         TrainConfig(time_budget=60, cooldown=1.0)
+
+
+def test_by_default_the_budget_is_planned_after_the_first_validation_whose_time_it_includes(tmp_path, dates_tsv):
+    trainer = Trainer(tmp_path / "run", *dates_configs(dates_tsv, time_budget=0.5, eval_every=3))
+    result = trainer.run(progress=False)
+    events = [(r["event"], r["step"]) for r in trainer.log.records if r["event"] in ("valid", "budget")]
+    assert events[:2] == [("valid", 3), ("budget", 3)]
+    planned = trainer.log.records[[r["event"] for r in trainer.log.records].index("budget")]["planned_steps"]
+    assert (result.step, result.stopped_because) == (planned, "time_budget")
