@@ -1,5 +1,5 @@
 """Stopping a run on a signal: Ctrl-C (SIGINT), a scheduler's pre-emption (SIGTERM), a closed terminal
-(SIGHUP).
+(SIGHUP; unless the run was started under ``nohup``, which ignores it).
 
 The first signal only raises a flag: the current optimizer step finishes, every rank sees the flag at
 the same step boundary, and rank 0 saves ``last/``. Raising an exception at an arbitrary point instead
@@ -56,6 +56,8 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
+                if signum == getattr(signal, "SIGHUP", None) and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue  # started under nohup: closing the terminal must not stop the run
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -206,6 +206,29 @@ def test_a_signal_during_training_saves_a_clean_checkpoint_then_exits(tmp_path, 
     assert resumed.step == step
 
 
+def test_under_nohup_a_closed_terminal_does_not_stop_the_run(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        ["nohup", sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(run),
+         "--max-steps", "100000", "--no-progress", "--train", "threads=1", "eval_every=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (run / "log.jsonl").exists() or '"train"' not in (run / "log.jsonl").read_text():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGHUP)  # ignored ...
+    steps = len((run / "log.jsonl").read_text().splitlines())
+    while len((run / "log.jsonl").read_text().splitlines()) < steps + 2:  # ... the run goes on logging
+        assert time.monotonic() < deadline + 60 and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=60)
+    assert process.returncode == 130
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r.get("signal") for r in log if r["event"] == "interrupted"] == ["SIGINT"]
+
+
 SECOND_SIGNAL = """
 import os, signal, sys
 from qkv import cli, train
