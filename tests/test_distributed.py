@@ -163,7 +163,8 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
     """One rank of the two-rank test: two optimizer steps through DDP, results saved for the parent.
 
     Step 1: the first two batches, one per rank. Step 2: the next three, with accumulation, so rank 0
-    accumulates two micro-batches (no_sync on the first) while rank 1 has one.
+    accumulates two micro-batches (no_sync on the first) while rank 1 has one. Step 3: rank 1's
+    gradient overflows (infinite) while the loss stays finite: both ranks must skip it.
     """
     from qkv import distributed
 
@@ -179,6 +180,12 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
         loss, n_tokens, tensors = step(trainer, mine)
         results[name] = {"loss": loss, "n_tokens": n_tokens, "batches": mine}
         save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out_dir}/{name}.rank{ctx.rank}.safetensors")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    if ctx.rank == 1:
+        next(trainer.model.parameters()).register_hook(lambda grad: grad * float("inf"))
+    loss, _, applied = trainer.train_step(first)
+    unchanged = all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    results["overflow"] = {"loss": loss, "applied": applied, "unchanged": unchanged}
     Path(f"{out_dir}/rank{ctx.rank}.json").write_text(json.dumps(results))
     distributed.shutdown()
 
@@ -207,6 +214,9 @@ def test_two_ranks_make_the_update_of_one_process_on_both_their_batches(dates, t
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # An infinite gradient on one rank only, with a finite loss: every rank skipped that step.
+    assert [(r["overflow"]["applied"], r["overflow"]["unchanged"]) for r in ranks] == [(False, True), (False, True)]
+    assert all(r["overflow"]["loss"] == r["overflow"]["loss"] < float("inf") for r in ranks)
 
     reference = fresh(dates)
     batches = reference.batches(0)
