@@ -359,6 +359,20 @@ def test_the_run_log_drops_a_torn_last_line_but_not_a_corrupted_one(tmp_path):
         RunLog(path)
 
 
+def test_a_log_write_that_fails_keeps_no_record_of_it(monkeypatch, tmp_path):
+    log = RunLog(tmp_path / "log.jsonl")
+    log.write(event="start", step=0)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(OSError, match=r"cannot append to .*log.jsonl \(No space left on device\); the run stops here") as error:
+        log.write(event="train", step=1)
+    assert error.value.errno == errno.ENOSPC
+    assert [r["event"] for r in log.records] == ["start"]  # the plot and final/ never see a record the file lacks
+
+
 # ---- --out over an existing run -------------------------------------------------------------------
 
 
