@@ -120,7 +120,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed or interrupted run from RUN_DIR/last")
     p.add_argument(
         "--overwrite", action="store_true",
-        help="start over in the run directory --out: deletes what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
+        help="start over in the run --out: delete what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
     )
     p.add_argument("--preset", default="multi30k", help="training recipe: " + ", ".join(sorted(_train_presets())))
     p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")

@@ -85,7 +85,9 @@ class TrainConfig:
         if self.measure_steps < 0:
             raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
         if self.time_budget and self.cooldown == 1:
-            raise ValueError("cooldown must be < 1 with a time budget: the first measure_steps updates run before the run's length is known")
+            raise ValueError(
+                "cooldown must be < 1 with a time budget: the updates timed to plan the run come before its length is known"
+            )
 
 
 

@@ -134,7 +134,8 @@ class RunLog:
                 except json.JSONDecodeError:
                     raise ValueError(f"{path} line {number} is not valid JSON: the log is corrupted") from None
         if len(complete) < len(data):
-            warnings.warn(f"{path}: dropped a torn last line ({len(data) - len(complete)} bytes) left by an interrupted write", stacklevel=2)
+            torn = len(data) - len(complete)
+            warnings.warn(f"{path}: dropped a torn last line ({torn} bytes) left by an interrupted write", stacklevel=2)
             with open(path, "r+b") as handle:
                 handle.truncate(len(complete))
 

@@ -290,8 +290,8 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if cfg.clip_norm:
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:  # the same 2-norm, without scaling (torch.nn.utils.get_total_norm is new in PyTorch 2.6)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
         if distributed.any_rank([not torch.isfinite(norm).item()], ctx)[0]:
             self._skip_step("gradient norm", norm.item(), n_tokens)
             return loss.item(), n_tokens, False
@@ -436,7 +436,8 @@ class Trainer:
                 if ctx.is_main and self.saved_step != self.step:
                     self.save(self.run_dir / "last", rank_rng=rank_rng)
                 if ctx.is_main:
-                    self.log.write(event="interrupted", step=self.step, signal=signal.Signals(self.stop.signum or signal.SIGINT).name)
+                    name = signal.Signals(self.stop.signum or signal.SIGINT).name
+                    self.log.write(event="interrupted", step=self.step, signal=name)
                 raise
         distributed.barrier(ctx)  # the run ends when final/ is written, for every rank
         return TrainResult(self.run_dir, self.step, stopped_because, final)
