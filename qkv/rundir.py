@@ -77,20 +77,29 @@ def check_new_run(out: Path, *, overwrite: bool) -> str | None:
     """Why ``out`` cannot take a new run (a one-line message), or None when it can.
 
     An existing run is continued with ``--resume``, or started over with ``--overwrite``; a non-empty
-    directory that is not a qkv run is never used, with or without ``--overwrite``.
+    directory that is not a qkv run is never used, with or without ``--overwrite``. A directory
+    holding nothing but qkv's names (a run stopped before its first checkpoint, say while its
+    tokenizer was trained) counts as a run.
     """
     if not out.exists():
         return None
     if not out.is_dir():
         return f"--out {out} is a file, not a directory"
-    if not any(out.iterdir()):
+    entries = list(out.iterdir())
+    if not entries:
         return None
-    if not is_run(out):
+    only_qkv_names = all(e.name in QKV_FILES or CHECKPOINT_DIR.fullmatch(e.name) for e in entries)
+    if not (only_qkv_names or is_run(out)):
         return f"--out {out} is not empty and holds no qkv run: choose a new or empty directory"
     if not overwrite:
+        if any((out / name / checkpoint.CONFIG).is_file() for name in ("last", "last.old")):
+            return (
+                f"--out {out} already holds a run: continue it with qkv train --resume {out}, or start over "
+                "with --overwrite (deletes only what qkv wrote there)"
+            )
         return (
-            f"--out {out} already holds a run: continue it with qkv train --resume {out}, or start over "
-            "with --overwrite (deletes only what qkv wrote there)"
+            f"--out {out} holds a run that saved no checkpoint to resume from: start it over with --overwrite "
+            "(deletes only what qkv wrote there)"
         )
     try:
         qkv_entries(out)

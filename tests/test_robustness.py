@@ -442,6 +442,17 @@ def test_overwrite_starts_over_and_deletes_only_what_qkv_wrote(small_run, tmp_pa
     assert checkpoint.load(run / "final").tokenizer.vocab_size == 100
 
 
+def test_a_run_stopped_before_its_first_checkpoint_is_started_over_with_overwrite(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(small_run / "tokenizer.model", run)  # what a run stopped while loading its data leaves
+    message = one_line_error(qkv(*train_args(dates_tsv, run)), "train")
+    assert f"--out {run} holds a run that saved no checkpoint to resume from: start it over with --overwrite" in message
+    result = qkv(*train_args(dates_tsv, run, "--overwrite"))
+    assert result.returncode == 0, result.stderr
+    assert f"--overwrite: deleted tokenizer.model from {run}" in result.stderr
+
+
 def test_overwrite_refuses_a_checkpoint_directory_holding_a_users_file(small_run, tmp_path, dates_tsv):
     run = tmp_path / "run"
     shutil.copytree(small_run, run)
