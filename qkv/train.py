@@ -13,7 +13,6 @@ steps on its share of each optimizer step's batches, and rank 0 alone validates 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import shutil
 import signal
@@ -51,18 +50,6 @@ class TrainResult:
     step: int
     stopped_because: str
     final: dict[str, Any]  # validation scores of final/
-
-
-def _no_buffer_sync() -> dict[str, bool]:
-    """DDP's option not to re-send buffers before every forward: the model's only buffer is the
-    constant positional table. Newer PyTorch calls it forward_sync_buffers (broadcast_buffers warns)."""
-    names = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
-
-
-def _rank_seed(seed: int, rank: int, step: int) -> int:
-    """A seed for one rank's dropout, distinct per (seed, rank, step)."""
-    return ((seed * 1_000_003 + rank) * 1_000_003 + step) % 2**63
 
 
 class Trainer:
@@ -105,9 +92,9 @@ class Trainer:
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
             # dropout should differ between ranks, so each now draws from a generator of its own.
-            torch.manual_seed(_rank_seed(train.seed, self.dist.rank, 0))
+            torch.manual_seed(distributed.rank_seed(train.seed, self.dist.rank, 0))
             device_ids = [self.device] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **_no_buffer_sync())
+            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
         self.autocast = train.bf16 and self.device.type == "cuda"
         if train.bf16 and not self.autocast and self.dist.is_main:
             warnings.warn("bf16 needs a GPU: training on the CPU stays in float32", stacklevel=2)
@@ -162,7 +149,7 @@ class Trainer:
             if len(saved) == ctx.world_size:
                 distributed.set_rng_state(saved[ctx.rank], ctx)
             else:  # saved by another number of processes (or at Ctrl-C): fresh, distinct draws
-                torch.manual_seed(_rank_seed(train.seed, ctx.rank, trainer.step))
+                torch.manual_seed(distributed.rank_seed(train.seed, ctx.rank, trainer.step))
         return trainer
 
     def configs(self) -> dict[str, Any]:
