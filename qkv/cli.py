@@ -116,8 +116,12 @@ def parse_overrides(pairs: list[str] | None) -> dict:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="run directory (checkpoints, log.jsonl, curves.png)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from RUN_DIR/last")
+    p.add_argument("--out", help="run directory (checkpoints, log.jsonl, curves.png): new or empty")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed or interrupted run from RUN_DIR/last")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="start over in the run --out: delete what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
+    )
     p.add_argument("--preset", default="multi30k", help="training recipe: " + ", ".join(sorted(_train_presets())))
     p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
     p.add_argument("--tgt", help="target language")
@@ -126,7 +130,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-tgt", help="your own training data: target file")
     p.add_argument("--valid-src", help="validation source file (default: hold out part of the training data)")
     p.add_argument("--valid-tgt", help="validation target file")
-    p.add_argument("--time-budget", type=parse_duration, help="stop training after this wall-clock time (e.g. 60m)")
+    p.add_argument(
+        "--time-budget", type=parse_duration,
+        help="train for about this long (e.g. 60m): the first updates are timed and the budget becomes a step count",
+    )
     p.add_argument("--max-steps", type=int, help="stop after this many updates")
     p.add_argument("--seed", type=int)
     p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="model config overrides, e.g. norm_first=true")
@@ -156,6 +163,9 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, ctx) -> int:
+    from qkv import distributed
+    from qkv.rundir import check_new_run
+    from qkv.stopping import StopRequested
     from qkv.train import Trainer, build_configs
 
     train_overrides = parse_overrides(args.train)
@@ -165,11 +175,17 @@ def _train(args: argparse.Namespace, ctx) -> int:
     ]:
         if value is not None:
             train_overrides[key] = value
+    if args.resume and (args.out or args.overwrite):
+        raise ValueError("--resume continues the run where it is: leave out --out and --overwrite")
     if args.resume:
         trainer = Trainer.resume(args.resume, **train_overrides)
     else:
         if not args.out:
             raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
+        # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
+        problem = check_new_run(Path(args.out), overwrite=args.overwrite)
+        if distributed.any_rank([problem is not None], ctx)[0]:
+            raise ValueError(problem or f"--out {args.out} was refused by another process")
         data = parse_overrides(args.data)
         for key, value in [
             ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
@@ -183,16 +199,21 @@ def _train(args: argparse.Namespace, ctx) -> int:
         model_cfg, train_cfg, data_cfg = build_configs(
             args.preset, model=parse_overrides(args.model), train=train_overrides, data=data
         )
-        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg)
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite)
+        if trainer.deleted:
+            print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
         where = f" in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else ""
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs{where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)
-    except KeyboardInterrupt:
+    except StopRequested as stop:
         if ctx.is_main:
-            print(f"interrupted: saved {trainer.run_dir / 'last'}; continue with qkv train --resume {trainer.run_dir}", file=sys.stderr)
-        return 130
+            print(
+                f"interrupted: saved {trainer.run_dir / 'last'} at step {trainer.saved_step} ({stop}); "
+                f"continue with qkv train --resume {trainer.run_dir}", file=sys.stderr,
+            )  # fmt: skip
+        return stop.exit_status
     if not ctx.is_main:
         return 0
     final = result.final

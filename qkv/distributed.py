@@ -14,6 +14,7 @@ communication, and the step's batches are the same whatever mix of ranks and acc
 from __future__ import annotations
 
 import base64
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 # Rank 0 validates (decodes the validation set) while the others wait in the next collective; give
 # it far longer than NCCL's 10-minute default before a wait counts as a hang.
@@ -170,3 +172,15 @@ def gather_rng_states(ctx: Context) -> list[dict[str, str]]:
     states: list[dict[str, str] | None] = [None] * ctx.world_size
     dist.all_gather_object(states, mine)
     return [s for s in states if s is not None]
+
+
+def no_buffer_sync() -> dict[str, bool]:
+    """DDP's option not to re-send buffers before every forward: the model's only buffer is the
+    constant positional table. Newer PyTorch calls it forward_sync_buffers (broadcast_buffers warns)."""
+    names = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
+
+
+def rank_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for one rank's dropout, distinct per (seed, rank, step)."""
+    return ((seed * 1_000_003 + rank) * 1_000_003 + step) % 2**63

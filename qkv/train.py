@@ -1,9 +1,10 @@
 """Training: label-smoothed loss, Adam with warm-up and inverse-square-root decay, validation with real
-decoding, checkpoints that resume exactly, averaging, early stopping and a wall-clock budget (section 5).
+decoding, checkpoints that resume exactly, averaging, early stopping and a time budget (section 5).
 
-A run directory holds ``log.jsonl`` (one JSON object per event), ``curves.png``, ``last/`` (the
-newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few, for averaging),
-``best/`` (best validation BLEU) and ``final/`` (the averaged model, evaluated at the end).
+A run directory (``qkv.rundir``) holds ``log.jsonl`` (one JSON object per event), ``curves.png``,
+``last/`` (the newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few,
+for averaging), ``best/`` (best validation BLEU) and ``final/`` (chosen at the end). A signal stops the
+run at a step boundary and saves ``last/`` (``qkv.stopping``).
 
 Under ``torchrun`` the same loop trains with DistributedDataParallel (``qkv.distributed``): every rank
 steps on its share of each optimizer step's batches, and rank 0 alone validates and writes the run.
@@ -12,223 +13,35 @@ steps on its share of each optimizer step's batches, and rank 0 alone validates 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import json
 import math
 import shutil
 import signal
-import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from qkv import checkpoint, distributed
-from qkv.config import ModelConfig, config_from_dict, model_preset
-from qkv.data import ParallelCorpus, collate, encode_corpus, load_multi30k, read_parallel, read_tsv, token_batches
+from qkv.config import ModelConfig, config_from_dict
+from qkv.data import collate, encode_corpus, token_batches
 from qkv.decode import DecodeConfig
 from qkv.evaluate import score
+from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 from qkv.model import Transformer
+from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
+from qkv.rundir import RunLog, clear_run, plot_curves, step_dirs
+from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer
 from qkv.translate import Translator
 
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the parallel text comes from and how it is tokenized."""
-
-    corpus: Literal["multi30k", "files"] = "multi30k"
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    data_dir: str | None = None  # Multi30k directory; None: $QKV_DATA or the download cache
-    train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
-    train_tgt: str | None = None
-    valid_src: str | None = None
-    valid_tgt: str | None = None
-    vocab_size: int = 8000  # joint source+target subword vocabulary
-    max_len: int = 128  # subword tokens kept per side
-    train_limit: int = 0  # use only the first N training pairs (0: all); for quick runs and CI
-    valid_limit: int = 0
-
-    def __post_init__(self) -> None:
-        if self.corpus not in ("multi30k", "files"):
-            raise ValueError(f"corpus must be multi30k or files, got {self.corpus!r}")
-        if self.corpus == "files" and not self.train_src:
-            raise ValueError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
-        if self.vocab_size < 16:
-            raise ValueError(f"vocab_size must be >= 16, got {self.vocab_size}")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and the run's schedule of evaluations and checkpoints."""
-
-    max_tokens: int = 4096  # padded target+source tokens per batch (per process, per micro-batch)
-    accumulate: int = 1  # micro-batches summed into each optimizer step, per process
-    bf16: bool = False  # bfloat16 autocast on a GPU; ignored (with a warning) on the CPU
-    lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
-    warmup_steps: int = 800
-    cooldown: float = 0.0  # last fraction of the run (of time_budget or max_steps) where lr falls linearly to 0
-    beta1: float = 0.9
-    beta2: float = 0.98  # the paper's
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0  # 0 disables clipping
-    max_epochs: int = 1000
-    max_steps: int = 0  # 0: no limit
-    time_budget: float = 0.0  # seconds of training wall-clock; 0: no limit
-    eval_every: int = 500  # steps between validations and checkpoints
-    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
-    patience: int = 0  # stop after this many validations without a better BLEU; 0: never
-    keep_last: int = 5  # step checkpoints kept on disk
-    average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
-    seed: int = 1
-    threads: int = 0  # torch intra-op threads; 0: PyTorch's default
-    on_nan: Literal["skip", "stop"] = "skip"
-
-    def __post_init__(self) -> None:
-        if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
-            raise ValueError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.on_nan not in ("skip", "stop"):
-            raise ValueError(f"on_nan must be skip or stop, got {self.on_nan!r}")
-        if self.average_last < 1 or self.keep_last < self.average_last:
-            raise ValueError("need 1 <= average_last <= keep_last")
-        if self.accumulate < 1:
-            raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
-        if not 0 <= self.cooldown <= 1:
-            raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: str  # a name from qkv.config.MODEL_PRESETS
-    train: TrainConfig
-    data: DataConfig
-    model_overrides: tuple[tuple[str, Any], ...] = ()
-
-
-# Recipes measured on a 2-core CPU (see the README for what each reached).
-TRAIN_PRESETS: dict[str, Preset] = {
-    "tiny": Preset(
-        "tiny",
-        TrainConfig(max_tokens=512, lr=3e-3, warmup_steps=20, eval_every=50, max_steps=100, average_last=2, keep_last=2),
-        DataConfig(vocab_size=200, train_limit=500, valid_limit=50),
-    ),
-    # transformer-tiny with pre-LN (stable at a high learning rate, so it learns fast in little time)
-    # and more dropout than the paper (29k sentences are seen ~40 times in an hour).
-    "multi30k": Preset(
-        "transformer-tiny",
-        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, cooldown=0.2, eval_every=500),
-        DataConfig(vocab_size=8000),
-        model_overrides=(("norm_first", True), ("dropout", 0.2)),
-    ),
-}
-
-
-def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
-    """Linear warm-up to ``peak`` at ``warmup`` steps, then decay with 1/sqrt(step) (section 5.3, rescaled)."""
-    step = max(step, 1)
-    if warmup == 0:
-        return peak
-    return peak * min(step / warmup, math.sqrt(warmup / step))
-
-
-def cooldown_factor(progress: float | None, cooldown: float) -> float:
-    """1 until the last ``cooldown`` fraction of the run, then falling linearly to 0 at its end.
-
-    ``progress`` is the fraction of the run done (of the time budget, or of max_steps), None when the
-    run has no known end. A short linear decay at the end of a fixed budget ("warm-up, stable, decay")
-    lands in a sharper minimum than stopping at a still-high learning rate; measured on Multi30k in the README.
-    """
-    if progress is None or cooldown <= 0:
-        return 1.0
-    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
-
-
-def label_smoothed_loss(logits: Tensor, target: Tensor, *, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor]:
-    """Sum of label-smoothed cross-entropy over non-padding targets (section 5.4), and the token count.
-
-    logits: (B, T, V), target: (B, T). The true class gets 1 - smoothing + smoothing/V, every class
-    smoothing/V; padding positions contribute nothing.
-    """
-    V = logits.size(-1)
-    loss = F.cross_entropy(
-        logits.reshape(-1, V).float(), target.reshape(-1), ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
-    )
-    return loss, (target != pad_id).sum()
-
-
-def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
-    if data.corpus == "multi30k":
-        train = load_multi30k("train", data.src_lang, data.tgt_lang, data.data_dir)
-        valid = load_multi30k("val", data.src_lang, data.tgt_lang, data.data_dir)
-    else:
-        train = read_parallel(data.train_src, data.train_tgt) if data.train_tgt else read_tsv(data.train_src)
-        if data.valid_src:
-            valid = read_parallel(data.valid_src, data.valid_tgt) if data.valid_tgt else read_tsv(data.valid_src)
-        else:  # hold out the last 5% (at most 1000 pairs) of the training data
-            n = max(1, min(1000, len(train) // 20))
-            valid = ParallelCorpus(train.src[-n:], train.tgt[-n:], 0, train.name + " (held out)")
-            train = ParallelCorpus(train.src[:-n], train.tgt[:-n], train.skipped_empty, train.name)
-    if data.train_limit:
-        train = ParallelCorpus(train.src[: data.train_limit], train.tgt[: data.train_limit], train.skipped_empty, train.name)
-    if data.valid_limit:
-        valid = ParallelCorpus(valid.src[: data.valid_limit], valid.tgt[: data.valid_limit], valid.skipped_empty, valid.name)
-    return train, valid
-
-
-class RunLog:
-    """Appends JSON lines to ``log.jsonl``; keeps the records for the curves plot.
-
-    With ``enabled=False`` (ranks other than 0) records are kept in memory only, so a run's log is
-    written once however many processes train it.
-    """
-
-    def __init__(self, path: Path, *, enabled: bool = True) -> None:
-        self.path = path
-        self.enabled = enabled
-        self.records: list[dict[str, Any]] = []
-        if path.exists():
-            self.records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-    def write(self, **record: Any) -> None:
-        record = {"time": round(time.time(), 3), **record}
-        self.records.append(record)
-        if not self.enabled:
-            return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-
-def plot_curves(records: list[dict[str, Any]], path: Path) -> None:
-    """Training loss, validation loss and validation BLEU against the step, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [r for r in records if r.get("event") == "train"]
-    valid = [r for r in records if r.get("event") == "valid"]
-    fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", alpha=0.7)
-    ax_loss.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="validation")
-    ax_loss.set(xlabel="step", ylabel="loss (label-smoothed, per token)", title="loss")
-    ax_loss.legend()
-    ax_bleu.plot([r["step"] for r in valid], [r["bleu"] for r in valid], "o-", color="tab:green")
-    ax_bleu.set(xlabel="step", ylabel="BLEU", title="validation BLEU (real decoding)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on the others.
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed")
 
 
 @dataclass
@@ -239,18 +52,6 @@ class TrainResult:
     final: dict[str, Any]  # validation scores of final/
 
 
-def _no_buffer_sync() -> dict[str, bool]:
-    """DDP's option not to re-send buffers before every forward: the model's only buffer is the
-    constant positional table. Newer PyTorch calls it forward_sync_buffers (broadcast_buffers warns)."""
-    names = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
-
-
-def _rank_seed(seed: int, rank: int, step: int) -> int:
-    """A seed for one rank's dropout, distinct per (seed, rank, step)."""
-    return ((seed * 1_000_003 + rank) * 1_000_003 + step) % 2**63
-
-
 class Trainer:
     """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash.
 
@@ -259,7 +60,11 @@ class Trainer:
     ``self.train_model`` the DistributedDataParallel wrapper that training steps go through.
     """
 
-    def __init__(self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig) -> None:
+    def __init__(
+        self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *, start_over: bool = False
+    ) -> None:
+        """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
+        has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went."""
         self.run_dir = Path(run_dir)
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
@@ -267,6 +72,7 @@ class Trainer:
         if train.threads:
             torch.set_num_threads(train.threads)
         self.train_data, self.valid_data = load_corpora(data)
+        self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main)
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
@@ -286,9 +92,9 @@ class Trainer:
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
             # dropout should differ between ranks, so each now draws from a generator of its own.
-            torch.manual_seed(_rank_seed(train.seed, self.dist.rank, 0))
+            torch.manual_seed(distributed.rank_seed(train.seed, self.dist.rank, 0))
             device_ids = [self.device] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **_no_buffer_sync())
+            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
         self.autocast = train.bf16 and self.device.type == "cuda"
         if train.bf16 and not self.autocast and self.dist.is_main:
             warnings.warn("bf16 needs a GPU: training on the CPU stays in float32", stacklevel=2)
@@ -302,12 +108,30 @@ class Trainer:
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best_bleu, self.bad_evals = -1.0, 0
+        self.planned_steps: int | None = None  # the time budget as a step count, once measured
+        self.saved_step: int | None = None  # the step last/ holds, when this process wrote it
+        self.stop = StopSignals()  # handles signals only while run() is inside it
 
     @classmethod
     def resume(cls, run_dir: str | Path, **train_overrides: Any) -> Trainer:
-        """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position."""
+        """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position.
+
+        Overrides that could not take effect are refused (ValueError): Adam's betas, eps and weight
+        decay come back with its saved state, and max_tokens and seed made the epochs' batches that
+        the saved position counts into. A new time_budget is planned again into a step count.
+        """
         last = Path(run_dir) / "last"
         config = checkpoint.read_config(last)
+        saved = config_from_dict(TrainConfig, config["train"])
+        fixed = [
+            f"{key} ({getattr(saved, key)} -> {value})" for key, value in train_overrides.items()
+            if key in FIXED_ON_RESUME and value != getattr(saved, key)
+        ]  # fmt: skip
+        if fixed:
+            raise ValueError(
+                f"--resume cannot change {', '.join(fixed)}: Adam's saved state and the order of the batches depend "
+                "on them; start a new run with --out to train with other values"
+            )
         train = config_from_dict(TrainConfig, {**config["train"], **train_overrides})
         trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]))
         loaded = checkpoint.load(last)
@@ -315,6 +139,9 @@ class Trainer:
         state = checkpoint.load_trainer(last, trainer.optimizer)
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
         trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
+        trainer.saved_step = trainer.step
+        if train.time_budget == saved.time_budget:  # a new budget is measured and planned afresh
+            trainer.planned_steps = state.get("planned_steps")
         ctx = trainer.dist
         if ctx.world_size > 1:
             # load_trainer restored rank 0's generators on every rank; give each rank its own back.
@@ -322,7 +149,7 @@ class Trainer:
             if len(saved) == ctx.world_size:
                 distributed.set_rng_state(saved[ctx.rank], ctx)
             else:  # saved by another number of processes (or at Ctrl-C): fresh, distinct draws
-                torch.manual_seed(_rank_seed(train.seed, ctx.rank, trainer.step))
+                torch.manual_seed(distributed.rank_seed(train.seed, ctx.rank, trainer.step))
         return trainer
 
     def configs(self) -> dict[str, Any]:
@@ -337,17 +164,29 @@ class Trainer:
             "elapsed": self.elapsed,
             "best_bleu": self.best_bleu,
             "bad_evals": self.bad_evals,
+            "planned_steps": self.planned_steps,
         }
         if rank_rng is not None:
             trainer_state["rank_rng"] = rank_rng
-        checkpoint.save(
-            directory,
-            self.model,
-            self.tokenizer,
-            configs=self.configs(),
-            trainer=trainer_state if resumable else None,
-            optimizer=self.optimizer if resumable else None,
-        )
+        try:
+            checkpoint.save(
+                directory,
+                self.model,
+                self.tokenizer,
+                configs=self.configs(),
+                trainer=trainer_state if resumable else None,
+                optimizer=self.optimizer if resumable else None,
+            )
+        except OSError as error:  # a full disk, most often: the checkpoints already there are whole
+            message = (
+                f"cannot write checkpoint {directory} ({error.strerror or error}); the run's earlier checkpoints "
+                f"are as they were: make room, then continue with qkv train --resume {self.run_dir}"
+            )
+            failure = OSError(message)
+            failure.errno = error.errno
+            raise failure from None
+        if directory.name == "last":
+            self.saved_step = self.step
 
     def batches(self, epoch: int) -> list[list[int]]:
         src_len = [len(s) for s in self.train_ids.src_ids]
@@ -363,12 +202,39 @@ class Trainer:
         )
         return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]
 
+    def end_step(self) -> int | None:
+        """The step the run ends at: max_steps or the steps planned from the time budget, whichever
+        comes first; None while neither is known."""
+        ends = [n for n in (self.train_cfg.max_steps, self.planned_steps) if n]
+        return min(ends, default=None)
+
     def progress(self) -> float | None:
-        """Fraction of the run done (of the time budget or of max_steps, whichever ends it first); None if open-ended."""
+        """Fraction of the run's steps done; None while its end is not known."""
+        end = self.end_step()
+        return None if end is None else self.step / end
+
+    def plan_due(self) -> bool:
+        """Whether the time budget is still to be planned, now (the same answer on every rank)."""
         cfg = self.train_cfg
-        fractions = [self.elapsed / cfg.time_budget] if cfg.time_budget else []
-        fractions += [self.step / cfg.max_steps] if cfg.max_steps else []
-        return max(fractions, default=None)
+        return bool(cfg.time_budget) and self.planned_steps is None and self.step >= (cfg.measure_steps or cfg.eval_every)
+
+    def plan_budget(self) -> None:
+        """Turn the time budget into a number of steps, once: the pace of the updates so far (by
+        default the first ``eval_every``, with their validation and checkpoints) gives the steps that
+        fit in the budget.
+
+        From then on the learning rate and the stop depend on the step alone, so a budgeted run is
+        reproducible and resumes exactly: with ``planned_steps`` N it trains as ``--max-steps N``
+        does. N is at least large enough that the cool-down starts after the measured updates, which
+        ran at the full schedule, as they would under ``--max-steps N``.
+        """
+        cfg = self.train_cfg
+        seconds_per_step = self.elapsed / self.step
+        planned = max(self.step, int(cfg.time_budget / seconds_per_step))
+        if cfg.cooldown:
+            planned = max(planned, math.ceil((self.step - 1) / (1 - cfg.cooldown)) + 1)
+        self.planned_steps = planned
+        self.log.write(event="budget", step=self.step, planned_steps=planned, seconds_per_step=round(seconds_per_step, 6))
 
     def train_step(self, batches: list[list[int]]) -> tuple[float, int, bool]:
         """One optimizer update on this process's micro-batches (lists of example indices).
@@ -404,16 +270,30 @@ class Trainer:
         # Summed over ranks, a non-finite loss anywhere is non-finite everywhere: all ranks skip together.
         loss = distributed.all_reduce_sum(loss_total, ctx) / n_tokens
         if not torch.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            if cfg.on_nan == "skip" and ctx.is_main:
-                warnings.warn(f"non-finite loss at step {self.step + 1}: the update is skipped (on_nan=skip)", stacklevel=2)
-            if cfg.on_nan == "stop":
-                raise FloatingPointError(f"loss is {loss.item()} at step {self.step + 1}; last good checkpoint: {self.run_dir / 'last'}")
-            return float("nan"), n_tokens, False
+            return self._skip_step("loss", loss.item(), n_tokens)
+        # A finite loss can still have an infinite or NaN gradient (an overflow in backward): Adam
+        # would turn the weights and its moments into NaN for good. The norm is needed to clip
+        # anyway; the ranks hold the same all-reduced gradients, and decide together all the same.
+        params = [p for p in self.model.parameters() if p.grad is not None]
         if cfg.clip_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+        else:  # the same 2-norm, without scaling (torch.nn.utils.get_total_norm is new in PyTorch 2.6)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if distributed.any_rank([not torch.isfinite(norm).item()], ctx)[0]:
+            self._skip_step("gradient norm", norm.item(), n_tokens)
+            return loss.item(), n_tokens, False
         self.optimizer.step()
         return loss.item(), n_tokens, True
+
+    def _skip_step(self, what: str, value: float, n_tokens: int) -> tuple[float, int, bool]:
+        """Drop the step's gradients after a non-finite ``what``: skip the update, or stop (on_nan)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        step = self.step + 1
+        if self.train_cfg.on_nan == "stop":
+            raise FloatingPointError(f"{what} is {value} at step {step}; last good checkpoint: {self.run_dir / 'last'}")
+        if self.dist.is_main:
+            warnings.warn(f"non-finite {what} at step {step}: the update is skipped (on_nan=skip)", stacklevel=3)
+        return float("nan"), n_tokens, False
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
@@ -434,9 +314,6 @@ class Trainer:
         scores = score(hyps, self.valid_data.tgt)
         return {"valid_loss": round(total / count, 4), "bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"]}
 
-    def _step_dirs(self) -> list[Path]:
-        return sorted(self.run_dir.glob("step-[0-9]*[0-9]"))
-
     def checkpoint_and_validate(self) -> bool:
         """Validate, save step/last/best checkpoints; return True when early stopping says stop.
 
@@ -447,7 +324,12 @@ class Trainer:
         return distributed.broadcast_flag(stop, self.dist)
 
     def _checkpoint_and_validate(self, rank_rng: list[dict[str, str]] | None) -> bool:
-        metrics = self.validate()
+        try:
+            with self.stop.abandonable():  # a signal abandons validation, so that last/ is saved soon
+                metrics = self.validate()
+        except Abandoned:
+            self.log.write(event="valid_abandoned", step=self.step)
+            return False
         improved = metrics["bleu"] > self.best_bleu
         if improved:
             self.best_bleu, self.bad_evals = metrics["bleu"], 0
@@ -455,7 +337,7 @@ class Trainer:
             self.bad_evals += 1
         self.log.write(event="valid", step=self.step, epoch=self.epoch, **metrics)
         self.save(self.run_dir / f"step-{self.step:06d}", resumable=False)
-        for old in self._step_dirs()[: -self.train_cfg.keep_last]:
+        for old in step_dirs(self.run_dir)[: -self.train_cfg.keep_last]:
             shutil.rmtree(old)
         if improved:
             self.save(self.run_dir / "best", resumable=False)
@@ -464,35 +346,40 @@ class Trainer:
         return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
 
     def finish(self) -> dict[str, Any]:
-        """Write final/: the average of the last k checkpoints for the k <= average_last that validates best.
+        """Write final/: of the averages of the newest k step checkpoints, k = average_last down to 1
+        (the newest alone), the one with the best validation BLEU; a tie goes to the larger average.
 
         Averaging smooths the noise of the last updates (the paper averages the last 5 or 20
         checkpoints), but in a short run the older checkpoints come from a stretch where the model was
         still improving fast and drag the average back (measured on Multi30k: the average of 5
-        checkpoints 500 steps apart validated 1.8 BLEU below the newest alone). So every k from
-        average_last down to 1 (the newest checkpoint alone, already validated) is tried on the
-        validation set, and the best by BLEU is kept; a tie goes to the larger average.
+        checkpoints 500 steps apart validated 1.8 BLEU below the newest alone), so each is validated.
+        A stop signal abandons this (last/ already holds the run's final step; --resume finishes it).
         """
-        dirs = self._step_dirs()
+        dirs = step_dirs(self.run_dir)
         if not dirs:  # no evaluation ever ran: validate and save the live weights first
             self._checkpoint_and_validate(None)
-            dirs = self._step_dirs()
+            dirs = step_dirs(self.run_dir)
         # state_dict() shares storage with the parameters: copy, or loading others would overwrite it too.
         live = {name: value.clone() for name, value in self.model.state_dict().items()}
         newest = next((r for r in reversed(self.log.records) if r.get("event") == "valid"), None)
         best: tuple[float, int, dict[str, Any], dict[str, torch.Tensor] | None] | None = None
         tried: dict[str, float] = {}
-        for k in range(min(self.train_cfg.average_last, len(dirs)), 0, -1):
-            if k == 1 and newest is not None and newest["step"] == int(dirs[-1].name.split("-")[1]):
-                state, metrics = None, {key: newest[key] for key in ("valid_loss", "bleu", "bleu_lc", "chrf")}
-            else:
-                state = checkpoint.average(dirs[-k:]) if k > 1 else None
-                self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
-                metrics = self.validate()
-            tried[str(k)] = metrics["bleu"]
-            if best is None or metrics["bleu"] > best[0]:
-                best = (metrics["bleu"], k, metrics, state)
-        self.model.load_state_dict(live)
+        try:
+            for k in range(min(self.train_cfg.average_last, len(dirs)), 0, -1):
+                if k == 1 and newest is not None and newest["step"] == int(dirs[-1].name.split("-")[1]):
+                    state, metrics = None, {key: newest[key] for key in ("valid_loss", "bleu", "bleu_lc", "chrf")}
+                else:
+                    state = checkpoint.average(dirs[-k:]) if k > 1 else None
+                    self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
+                    with self.stop.abandonable():
+                        metrics = self.validate()
+                tried[str(k)] = metrics["bleu"]
+                if best is None or metrics["bleu"] > best[0]:
+                    best = (metrics["bleu"], k, metrics, state)
+        except Abandoned:
+            raise StopRequested(self.stop.signum or signal.SIGINT) from None
+        finally:
+            self.model.load_state_dict(live)
         _, k, metrics, state = best
         if k > 1:
             checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs=self.configs(), state_dict=state)
@@ -503,6 +390,9 @@ class Trainer:
         return metrics
 
     def run(self, *, progress: bool = True) -> TrainResult:
+        """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;
+        then write final/. A signal (SIGINT, SIGTERM, SIGHUP) ends it with StopRequested once last/
+        holds the state after the current step (``qkv.stopping``)."""
         cfg, ctx = self.train_cfg, self.dist
         self.log.write(
             event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_data),
@@ -510,105 +400,95 @@ class Trainer:
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
             world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.autocast,
         )
-        total = cfg.max_steps or None
-        bar = tqdm(total=total, initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
-        started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
-        window_tokens, window_start, skipped = 0, time.monotonic(), 0
-        # Ctrl-C only raises a flag, and training stops after the current step: a KeyboardInterrupt
-        # raised at an arbitrary point could be swallowed by library code, and a rank must not stop
-        # alone in the middle of a collective (the others would fail with a broken connection, and
-        # nothing would be saved); torchrun passes Ctrl-C on to every rank, and they stop together.
-        # A second Ctrl-C interrupts at once.
-        interrupted, stopping_together = [], False
-        previous_handler = None
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            if interrupted:
-                raise KeyboardInterrupt
-            interrupted.append(signum)
-
-        if threading.current_thread() is threading.main_thread():
-            previous_handler = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            while self.epoch < cfg.max_epochs and stopped_because == "max_epochs":
-                batches = self.batches(self.epoch)
-                while self.position < len(batches):
-                    mine, used = distributed.step_share(
-                        batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=cfg.accumulate
-                    )
-                    if not used:  # fewer batches left than ranks: this epoch ends here
-                        self.position = len(batches)
-                        continue
-                    loss, n_tokens, applied = self.train_step(mine)
-                    self.position += used
-                    self.step += 1
-                    skipped += not applied
-                    window_tokens += n_tokens
-                    # Rank 0's clock on every rank: the learning rate and the stop depend on it.
-                    self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
-                    if self.step % 50 == 0 or not applied:
-                        rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
-                        lr = self.optimizer.param_groups[0]["lr"]
-                        self.log.write(event="train", step=self.step, epoch=self.epoch, loss=round(loss, 4), lr=lr, tokens_per_s=round(rate), skipped=skipped)
-                        bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=self.epoch)
-                        if cfg.time_budget and not cfg.max_steps:
-                            # The bar's total (hence its ETA) follows the steps the time budget allows.
-                            steps_per_s = self.step / max(self.elapsed, 1e-9)
-                            bar.total = self.step + int((cfg.time_budget - self.elapsed) * steps_per_s)
-                        window_tokens, window_start = 0, time.monotonic()
-                    bar.update(1)
-                    # Clocks differ between processes: the ranks stop together when any one is out of time.
-                    out_of_time, stopping_together = distributed.any_rank(
-                        [bool(cfg.time_budget) and self.elapsed >= cfg.time_budget, bool(interrupted)], ctx
-                    )
-                    if stopping_together:
-                        raise KeyboardInterrupt
-                    out_of_steps = cfg.max_steps and self.step >= cfg.max_steps
-                    if self.step % cfg.eval_every == 0 or out_of_time or out_of_steps:
-                        if self.checkpoint_and_validate():
-                            stopped_because = "early_stopping"
-                        elif out_of_time:
-                            stopped_because = "time_budget"
-                        elif out_of_steps:
-                            stopped_because = "max_steps"
-                        if stopped_because != "max_epochs":
-                            break
-                else:
-                    self.epoch, self.position = self.epoch + 1, 0
-        except KeyboardInterrupt:
-            bar.close()
-            # Only after a stop all ranks agreed on can they still talk (and send rank 0 their generators).
-            rank_rng = distributed.gather_rng_states(ctx) if stopping_together and ctx.parallel else None
-            if ctx.is_main:
-                self.save(self.run_dir / "last", rank_rng=rank_rng)
-                self.log.write(event="interrupted", step=self.step)
-            raise
-        finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-        bar.close()
-        if self.step % cfg.eval_every and stopped_because == "max_epochs":
-            self.checkpoint_and_validate()
-        final: dict[str, Any] = {}
-        if ctx.is_main:
-            final = self.finish()
-            plot_curves(self.log.records, self.run_dir / "curves.png")
+        bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
+        together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
+        with self.stop:
+            try:
+                stopped_because = self._train(bar)
+                bar.close()
+                # The run ends with a checkpoint of its last step (unless one was just written).
+                newest = step_dirs(self.run_dir)[-1:] if ctx.is_main else []
+                if distributed.broadcast_flag(ctx.is_main and [d.name for d in newest] != [f"step-{self.step:06d}"], ctx):
+                    self.checkpoint_and_validate()
+                    self._stop_if_signalled()
+                together = False  # rank 0 alone writes final/
+                final: dict[str, Any] = {}
+                if ctx.is_main:
+                    final = self.finish()
+                    plot_curves(self.log.records, self.run_dir / "curves.png")
+            except StopRequested:
+                bar.close()
+                # Only ranks that stopped together can still talk (and send rank 0 their generators).
+                rank_rng = distributed.gather_rng_states(ctx) if together and ctx.parallel else None
+                if ctx.is_main and self.saved_step != self.step:
+                    self.save(self.run_dir / "last", rank_rng=rank_rng)
+                if ctx.is_main:
+                    name = signal.Signals(self.stop.signum or signal.SIGINT).name
+                    self.log.write(event="interrupted", step=self.step, signal=name)
+                raise
         distributed.barrier(ctx)  # the run ends when final/ is written, for every rank
         return TrainResult(self.run_dir, self.step, stopped_because, final)
 
+    def _stop_if_signalled(self) -> None:
+        """Every rank raises StopRequested at the same step boundary when any rank got a signal."""
+        if distributed.any_rank([self.stop.requested], self.dist)[0]:
+            raise StopRequested(self.stop.signum or signal.SIGINT)
 
-def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:
-    """A training preset with overrides applied (unknown keys are rejected with a hint)."""
-    if preset not in TRAIN_PRESETS:
-        from qkv.config import _did_you_mean
+    def _train(self, bar: tqdm) -> str:
+        """The training loop; returns why it stopped."""
+        cfg, ctx = self.train_cfg, self.dist
+        started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
+        window_tokens, window_start, skipped = 0, time.monotonic(), 0
+        end = self.end_step()
+        if end is not None and self.step >= end:  # resumed after its last step (stopped while writing final/)
+            return "max_steps" if end == cfg.max_steps else "time_budget"
+        while self.epoch < cfg.max_epochs and stopped_because == "max_epochs":
+            batches = self.batches(self.epoch)
+            while self.position < len(batches):
+                mine, used = distributed.step_share(
+                    batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=cfg.accumulate
+                )
+                if not used:  # fewer batches left than ranks: this epoch ends here
+                    self.position = len(batches)
+                    continue
+                loss, n_tokens, applied = self.train_step(mine)
+                self.position += used
+                self.step += 1
+                skipped += not applied
+                window_tokens += n_tokens
+                self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)  # rank 0's clock
+                end = self.end_step()
+                bar.total = end
+                if self.step % 50 == 0 or not applied:
+                    rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.log.write(event="train", step=self.step, epoch=self.epoch, loss=round(loss, 4), lr=lr, tokens_per_s=round(rate), skipped=skipped)
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=self.epoch)
+                    window_tokens, window_start = 0, time.monotonic()
+                bar.update(1)
+                self._stop_if_signalled()
+                at_end = end is not None and self.step >= end
+                if self.step % cfg.eval_every == 0 or at_end:
+                    early = self.checkpoint_and_validate()
+                    self._stop_if_signalled()  # a signal during validation abandoned it: save last/ now
+                    if early:
+                        stopped_because = "early_stopping"
+                    elif at_end:
+                        stopped_because = "max_steps" if end == cfg.max_steps else "time_budget"
+                    if stopped_because != "max_epochs":
+                        break
+                if self.plan_due():  # after this step's validation, so that the pace includes it
+                    self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
+                    self.plan_budget()
+                    if self.step >= self.end_step():  # the budget is spent already
+                        stopped_because = "max_steps" if self.end_step() == cfg.max_steps else "time_budget"
+                        break
+            else:
+                self.epoch, self.position = self.epoch + 1, 0
+        return stopped_because
 
-        raise ValueError(f"unknown training preset {preset!r}{_did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
-    p = TRAIN_PRESETS[preset]
-    return (
-        model_preset(p.model, **{**dict(p.model_overrides), **model}),
-        config_from_dict(TrainConfig, {**p.train.__dict__, **train}),
-        config_from_dict(DataConfig, {**p.data.__dict__, **data}),
-    )
 
-
-__all__ = ["DataConfig", "TrainConfig", "Trainer", "TRAIN_PRESETS", "build_configs", "replace"]
+__all__ = [
+    "DataConfig", "Preset", "TrainConfig", "Trainer", "TRAIN_PRESETS", "build_configs", "cooldown_factor",
+    "inverse_sqrt_lr", "label_smoothed_loss", "replace",
+]  # fmt: skip

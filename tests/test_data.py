@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import MULTI30K, needs_multi30k
 
 from qkv import data
 from qkv.data import (
@@ -23,9 +24,6 @@ from qkv.data import (
     read_tsv,
     token_batches,
 )
-
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
-needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K}")
 
 
 def write(path: Path, content: str | bytes) -> Path:

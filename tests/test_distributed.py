@@ -163,7 +163,8 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
     """One rank of the two-rank test: two optimizer steps through DDP, results saved for the parent.
 
     Step 1: the first two batches, one per rank. Step 2: the next three, with accumulation, so rank 0
-    accumulates two micro-batches (no_sync on the first) while rank 1 has one.
+    accumulates two micro-batches (no_sync on the first) while rank 1 has one. Step 3: rank 1's
+    gradient overflows (infinite) while the loss stays finite: both ranks must skip it.
     """
     from qkv import distributed
 
@@ -179,6 +180,12 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
         loss, n_tokens, tensors = step(trainer, mine)
         results[name] = {"loss": loss, "n_tokens": n_tokens, "batches": mine}
         save_file({k: v.contiguous() for k, v in tensors.items()}, f"{out_dir}/{name}.rank{ctx.rank}.safetensors")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    if ctx.rank == 1:
+        next(trainer.model.parameters()).register_hook(lambda grad: grad * float("inf"))
+    loss, _, applied = trainer.train_step(first)
+    unchanged = all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    results["overflow"] = {"loss": loss, "applied": applied, "unchanged": unchanged}
     Path(f"{out_dir}/rank{ctx.rank}.json").write_text(json.dumps(results))
     distributed.shutdown()
 
@@ -207,6 +214,9 @@ def test_two_ranks_make_the_update_of_one_process_on_both_their_batches(dates, t
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # An infinite gradient on one rank only, with a finite loss: every rank skipped that step.
+    assert [(r["overflow"]["applied"], r["overflow"]["unchanged"]) for r in ranks] == [(False, True), (False, True)]
+    assert all(r["overflow"]["loss"] == r["overflow"]["loss"] < float("inf") for r in ranks)
 
     reference = fresh(dates)
     batches = reference.batches(0)
@@ -302,3 +312,52 @@ def test_torchrun_trains_is_interrupted_resumes_and_its_checkpoint_translates(da
     )  # fmt: skip
     assert translated.returncode == 0, translated.stderr
     assert len(translated.stdout.splitlines()) == len(sources)
+
+
+SLOW_VALIDATION = """
+import sys, time
+from qkv import cli, train
+
+class SlowValidation(train.Trainer):
+    def validate(self):
+        if self.step >= 4 and self.dist.is_main:
+            (self.run_dir / "validating").write_text(str(self.step))
+            while True:  # a validation that would outlast torchrun's grace period (SIGKILL after 30 s)
+                time.sleep(0.05)
+        return super().validate()
+
+train.Trainer = SlowValidation
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_rank_0_validates_saves_last_before_torchrun_kills(dates, tmp_path):
+    """A scheduler pre-empts a torchrun job with SIGTERM, and torchrun sends SIGKILL 30 s later. Rank 0
+    abandons a validation that would never end, and every rank stops at the same step: last/ is saved."""
+    data, _ = dates
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+         sys.executable, "-c", SLOW_VALIDATION, "train", "--preset", "tiny", "--train-src", str(data), "--out", str(run),
+         "--model", "dropout=0.1", "--no-progress", "--max-steps", "100000", "--train", "eval_every=4", "threads=1"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "validating").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no validation within 120 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=90)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    S = int((run / "validating").read_text())
+    assert output.count(f"interrupted: saved {run / 'last'} at step {S} (SIGTERM)") == 1, output
+    saved = json.loads((run / "last" / checkpoint.TRAINER_JSON).read_text())
+    assert saved["step"] == S and len(saved["rank_rng"]) == 2
+    checkpoint.verify(run / "last")
+    log = read_log(run)
+    assert [(r["event"], r["step"]) for r in log if r["event"] != "train"][-2:] == [("valid_abandoned", S), ("interrupted", S)]

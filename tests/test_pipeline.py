@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MULTI30K, needs_multi30k
+from conftest import MULTI30K, needs_multi30k, require_multi30k
 
 from qkv import checkpoint
 from qkv.cli import main
@@ -31,8 +31,7 @@ def qkv(*args: str | Path, input: str | None = None) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    if not MULTI30K.is_dir():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    require_multi30k()
     run = tmp_path_factory.mktemp("cli") / "run"
     result = qkv(
         "train", "--preset", "tiny", "--max-steps", 60, "--data-dir", MULTI30K,

@@ -1,9 +1,14 @@
-"""Never lose a run, never trust input: resume after SIGKILL, NaN losses, Ctrl-C, hostile input,
-and property-based checks of the tokenizer and of `qkv translate`'s one-line-in, one-line-out rule."""
+"""Never lose a run, never trust input: resume after SIGKILL, NaN losses and gradients, Ctrl-C, SIGTERM
+and SIGHUP, a full disk, --out over an existing run, hostile input, and property-based checks of the
+tokenizer and of `qkv translate`'s one-line-in, one-line-out rule."""
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +24,8 @@ from hypothesis import strategies as st
 from qkv import checkpoint, train as train_module
 from qkv.checks import check_resume_exactness
 from qkv.cli import main
+from qkv.rundir import RunLog
+from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
 from qkv.train import Trainer, build_configs
 
@@ -113,6 +120,34 @@ def test_a_nan_loss_skips_the_step_and_leaves_weights_and_adam_alone(monkeypatch
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
+@pytest.mark.parametrize("clip_norm", [1.0, 0.0])
+def test_a_non_finite_gradient_with_a_finite_loss_skips_the_step(tmp_path, dates_tsv, clip_norm):
+    trainer = dates_trainer(tmp_path / "run", dates_tsv, clip_norm=clip_norm)
+    batches = trainer.batches(0)
+    trainer.train_step([batches[0]])
+    trainer.step = 1
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    adam = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
+    # an overflow in backward: one parameter's gradient is infinite (and NaN where it was 0)
+    hook = next(trainer.model.parameters()).register_hook(lambda grad: grad * float("inf"))
+    with pytest.warns(UserWarning, match="non-finite gradient norm at step 2: the update is skipped"):
+        loss, _, applied = trainer.train_step([batches[1]])
+    hook.remove()
+    assert not applied and math.isfinite(loss)  # the loss itself was fine
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(adam[k], v) for k, v in trainer.optimizer.state_dict()["state"][0].items())
+    trainer.step = 2
+    loss, _, applied = trainer.train_step([batches[1]])  # the next step trains normally
+    assert applied and all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+    stopping = dates_trainer(tmp_path / "stop", dates_tsv, clip_norm=clip_norm, on_nan="stop")
+    next(stopping.model.parameters()).register_hook(lambda grad: grad * float("inf"))
+    with pytest.raises(FloatingPointError, match=r"gradient norm is (nan|inf) at step 1; last good checkpoint"):
+        stopping.train_step([batches[0]])
+
+
 def test_on_nan_stop_ends_the_run_with_a_clear_message_and_keeps_the_last_checkpoint(monkeypatch, tmp_path, dates_tsv, capsys):
     run = tmp_path / "run"
     trainer = dates_trainer(run, dates_tsv, on_nan="stop", eval_every=5, max_steps=20)
@@ -135,30 +170,305 @@ def test_on_nan_stop_through_the_cli_is_one_line(monkeypatch, tmp_path, dates_ts
     assert err[-1].startswith("qkv train: error: loss is inf at step 1")
 
 
-# ---- Ctrl-C during training ----------------------------------------------------------------------
+# ---- Ctrl-C, SIGTERM, SIGHUP during training ------------------------------------------------------
 
 
-def test_ctrl_c_during_training_saves_a_clean_checkpoint_then_exits(tmp_path, dates_tsv):
-    run = tmp_path / "run"
+def start_training(run: Path, dates_tsv: Path, *extra: str) -> subprocess.Popen:
+    """`qkv train` on dates for far more steps than the test waits for, once it has logged a step."""
     process = subprocess.Popen(
         [sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(run),
-         "--max-steps", "100000", "--no-progress", "--train", "eval_every=100000", "threads=1"],
+         "--max-steps", "100000", "--no-progress", "--train", "threads=1", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),  # as from a terminal, even if pytest runs under nohup
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (run / "log.jsonl").exists() or '"train"' not in (run / "log.jsonl").read_text():
+        assert time.monotonic() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    return process
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_during_training_saves_a_clean_checkpoint_then_exits(tmp_path, dates_tsv, signum, status):
+    """Ctrl-C, a scheduler's pre-emption (SIGTERM) and a closed terminal (SIGHUP) alike."""
+    run = tmp_path / "run"
+    process = start_training(run, dates_tsv, "eval_every=100000")
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == status, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    step = json.loads((run / "last" / "trainer.json").read_text())["step"]
+    assert step >= 50
+    assert f"interrupted: saved {run / 'last'} at step {step} ({signal.Signals(signum).name}); continue with qkv train --resume {run}" in err
+    checkpoint.verify(run / "last")
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert log[-1] == {**log[-1], "event": "interrupted", "step": step, "signal": signal.Signals(signum).name}
+    resumed = Trainer.resume(run)
+    assert resumed.step == step
+
+
+def test_under_nohup_a_closed_terminal_does_not_stop_the_run(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    process = subprocess.Popen(
+        ["nohup", sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(run),
+         "--max-steps", "100000", "--no-progress", "--train", "threads=1", "eval_every=100000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not (run / "log.jsonl").exists() or '"train"' not in (run / "log.jsonl").read_text():
         assert time.monotonic() < deadline and process.poll() is None, process.communicate()
         time.sleep(0.05)
+    process.send_signal(signal.SIGHUP)  # ignored ...
+    steps = len((run / "log.jsonl").read_text().splitlines())
+    while len((run / "log.jsonl").read_text().splitlines()) < steps + 2:  # ... the run goes on logging
+        assert time.monotonic() < deadline + 60 and process.poll() is None, process.communicate()
+        time.sleep(0.05)
     process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=60)
+    process.communicate(timeout=60)
     assert process.returncode == 130
-    assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert f"continue with qkv train --resume {run}" in err
-    step = json.loads((run / "last" / "trainer.json").read_text())["step"]
-    assert step >= 50
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r.get("signal") for r in log if r["event"] == "interrupted"] == ["SIGINT"]
+
+
+SECOND_SIGNAL = """
+import os, signal, sys
+from qkv import cli, train
+
+class SignalledTwice(train.Trainer):
+    def train_step(self, batches):
+        if self.step + 1 == 13:  # Ctrl-C twice in the middle of step 13 (its forward pass)
+            def twice(module, args):
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+            self.model.register_forward_pre_hook(twice)
+        return super().train_step(batches)
+
+train.Trainer = SignalledTwice
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_second_ctrl_c_stops_at_once_and_never_writes_over_last(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", SECOND_SIGNAL, "train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(run),
+         "--max-steps", "100", "--no-progress", "--train", "eval_every=5", "threads=1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 130, result.stderr
+    assert "second signal (SIGINT): stopped at once; nothing was saved after the first" in result.stderr
+    assert "Traceback" not in result.stderr
+    # last/ is the checkpoint of step 10, whole: nothing from the interrupted step 13 was written
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 10
     checkpoint.verify(run / "last")
+    assert Trainer.resume(run).step == 10
+
+
+def test_a_signal_during_validation_abandons_it_and_saves_last(tmp_path, dates_tsv):
+    """Validation can take minutes; torchrun sends SIGKILL 30 s after SIGTERM. A signal abandons it."""
+    run = tmp_path / "run"
+    trainer = dates_trainer(run, dates_tsv, max_steps=100, eval_every=5)
+    validate, scored = trainer.validate, []
+
+    def signalled_validate():
+        if trainer.step == 10:
+            os.kill(os.getpid(), signal.SIGTERM)
+        result = validate()
+        scored.append(trainer.step)
+        return result
+
+    trainer.validate = signalled_validate
+    with pytest.raises(StopRequested) as stopped:
+        trainer.run(progress=False)
+    assert stopped.value.exit_status == 143
+    assert scored == [5]  # the validation of step 10 never finished
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 10  # saved at once, no more steps
+    assert not (run / "step-000010").exists()
+    events = [(r["event"], r["step"]) for r in trainer.log.records if r["event"] != "train"]
+    assert events[-3:] == [("valid", 5), ("valid_abandoned", 10), ("interrupted", 10)]
+    checkpoint.verify(run / "last")
+
+
+def test_a_signal_while_final_is_chosen_leaves_last_and_resume_writes_final_without_training(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    trainer = dates_trainer(run, dates_tsv, max_steps=4, eval_every=2, keep_last=2, average_last=2)
+    finish, validate = trainer.finish, trainer.validate
+    trainer.finish = lambda: (setattr(trainer, "finishing", True), finish())[1]
+
+    def validate_or_signal():
+        if getattr(trainer, "finishing", False):  # validating the average of step-2 and step-4
+            os.kill(os.getpid(), signal.SIGTERM)
+        return validate()
+
+    trainer.validate = validate_or_signal
+    with pytest.raises(StopRequested) as stopped:
+        trainer.run(progress=False)
+    assert stopped.value.exit_status == 143
+    assert not (run / "final").exists()
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 4
+
     resumed = Trainer.resume(run)
-    assert resumed.step == step
+    stepped = []
+    resumed.train_step = lambda batches: stepped.append(batches)
+    result = resumed.run(progress=False)
+    assert stepped == [] and (result.step, result.stopped_because) == (4, "max_steps")
+    assert [r["event"] for r in resumed.log.records][-1] == "final"
+    checkpoint.load(run / "final")
+
+
+# ---- a full disk -----------------------------------------------------------------------------------
+
+
+def test_a_full_disk_during_a_save_is_one_line_keeps_the_checkpoints_and_resume_works(monkeypatch, tmp_path, dates_tsv, capsys):
+    run = tmp_path / "run"
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # the disk is full when last/ is written for the second time (step 10)
+        if "/last.tmp/" in os.readlink(f"/proc/self/fd/{fd}") and (run / "last").exists():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    args = ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--no-progress", "--max-steps", "20",
+            "--train", "eval_every=5", "threads=1"]  # fmt: skip
+    assert main([*args, "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[-1].startswith(f"qkv train: error: cannot write checkpoint {run / 'last'} (No space left on device)")
+    assert f"continue with qkv train --resume {run}" in err[-1]
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 5  # the earlier last/, whole
+    checkpoint.verify(run / "last")
+    # the log's last line was torn by the full disk: resume drops it and goes on
+    with open(run / "log.jsonl", "a", encoding="utf-8") as log:
+        log.write('{"time": 1.0, "event": "tra')
+    with pytest.warns(UserWarning, match="dropped a torn last line"):
+        assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert records[-1]["event"] == "final" and json.loads((run / "last" / "trainer.json").read_text())["step"] == 20
+
+
+def test_the_run_log_drops_a_torn_last_line_but_not_a_corrupted_one(tmp_path):
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"event": "start", "step": 0}\n{"event": "train", "st', encoding="utf-8")
+    with pytest.warns(UserWarning, match="dropped a torn last line"):
+        log = RunLog(path)
+    assert log.records == [{"event": "start", "step": 0}]
+    log.write(event="train", step=1)
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["start", "train"]
+    path.write_text('{"event": "start"}\n{"event": \n{"event": "train"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        RunLog(path)
+
+
+def test_a_log_write_that_fails_keeps_no_record_of_it(monkeypatch, tmp_path):
+    log = RunLog(tmp_path / "log.jsonl")
+    log.write(event="start", step=0)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(OSError, match=r"cannot append to .*log.jsonl \(No space left on device\); the run stops here") as error:
+        log.write(event="train", step=1)
+    assert error.value.errno == errno.ENOSPC
+    assert [r["event"] for r in log.records] == ["start"]  # the plot and final/ never see a record the file lacks
+
+
+# ---- --out over an existing run -------------------------------------------------------------------
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative path -> bytes)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def train_args(dates_tsv: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(out), "--no-progress",
+            "--max-steps", "4", "--train", "eval_every=2", "threads=1", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, dates_tsv) -> Path:
+    """A finished four-step run, with a user's own files beside qkv's."""
+    run = tmp_path_factory.mktemp("small") / "run"
+    result = qkv(*train_args(dates_tsv, run))
+    assert result.returncode == 0, result.stderr
+    (run / "notes.txt").write_text("my notes\n")
+    (run / "best.txt").write_text("not a checkpoint\n")
+    (run / "data").mkdir()
+    (run / "data" / "log.jsonl").write_text("the user's own log\n")
+    return run
+
+
+def test_out_over_an_existing_run_is_refused_and_changes_nothing(small_run, dates_tsv):
+    before = snapshot(small_run)
+    message = one_line_error(qkv(*train_args(dates_tsv, small_run, "--data", "vocab_size=100")), "train")
+    assert f"--out {small_run} already holds a run: continue it with qkv train --resume {small_run}" in message
+    assert "--overwrite" in message
+    assert snapshot(small_run) == before
+    # --overwrite deletes nothing before the new run's settings and data have loaded
+    for mistake in (["--train", "lr_typo=1"], ["--train-src", str(dates_tsv.parent / "nowhere.tsv")]):
+        one_line_error(qkv(*train_args(dates_tsv, small_run, "--overwrite"), *mistake), "train")
+        assert snapshot(small_run) == before
+
+
+def test_out_into_a_directory_that_is_not_a_run_is_refused_even_with_overwrite(tmp_path, dates_tsv):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work\n")
+    (mine / "last").mkdir()  # named like a checkpoint, but not one
+    (mine / "last" / "draft.txt").write_text("draft\n")
+    before = snapshot(mine)
+    for extra in ([], ["--overwrite"]):
+        message = one_line_error(qkv(*train_args(dates_tsv, mine), *extra), "train")
+        assert f"--out {mine} is not empty and holds no qkv run" in message
+    assert snapshot(mine) == before
+
+
+def test_overwrite_starts_over_and_deletes_only_what_qkv_wrote(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    (run / "step-000090").mkdir()  # an older step checkpoint of the same run (a longer first attempt)
+    shutil.copy(run / "step-000004" / "config.json", run / "step-000090" / "config.json")
+    (run / "final.tmp").mkdir()  # and a save cut short
+    users = {name: data for name, data in snapshot(run).items() if name in ("notes.txt", "best.txt", "data/log.jsonl")}
+    result = qkv(*train_args(dates_tsv, run, "--overwrite"), "--max-steps", "2", "--data", "vocab_size=100")
+    assert result.returncode == 0, result.stderr
+    after = snapshot(run)
+    assert all(after[name] == data for name, data in users.items())  # the user's files, untouched
+    assert not (run / "step-000090").exists() and not (run / "step-000004").exists() and not (run / "final.tmp").exists()
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["event"] == "start"] == [0]  # a new log, not appended to
+    assert log[0]["vocab_size"] == 100  # a new tokenizer, trained with the new setting
+    assert checkpoint.load(run / "final").tokenizer.vocab_size == 100
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_started_over_with_overwrite(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(small_run / "tokenizer.model", run)  # what a run stopped while loading its data leaves
+    message = one_line_error(qkv(*train_args(dates_tsv, run)), "train")
+    assert f"--out {run} holds a run that saved no checkpoint to resume from: start it over with --overwrite" in message
+    result = qkv(*train_args(dates_tsv, run, "--overwrite"))
+    assert result.returncode == 0, result.stderr
+    assert f"--overwrite: deleted tokenizer.model from {run}" in result.stderr
+
+
+def test_overwrite_refuses_a_checkpoint_directory_holding_a_users_file(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    (run / "best" / "my-notes.txt").write_text("mine\n")
+    before = snapshot(run)
+    message = one_line_error(qkv(*train_args(dates_tsv, run, "--overwrite")), "train")
+    assert f"{run / 'best'} holds files qkv did not write (my-notes.txt)" in message
+    assert snapshot(run) == before  # refused before anything was deleted
+
+
+def test_resume_with_a_setting_it_cannot_change_is_one_line(small_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    message = one_line_error(qkv("train", "--resume", run, "--seed", "7", "--train", "beta2=0.99"), "train")
+    assert "--resume cannot change beta2 (0.98 -> 0.99), seed (1 -> 7)" in message
 
 
 # ---- hostile and broken input --------------------------------------------------------------------

@@ -1,18 +1,25 @@
-"""Training: the label-smoothed loss, the learning-rate schedule, presets, and exact resumption."""
+"""Training: the label-smoothed loss, the learning-rate schedule, presets, exact resumption, the choice
+of final/, step checkpoints past a million, and time budgets planned as step counts."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import os
+import signal
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import MULTI30K, needs_multi30k
+from conftest import MULTI30K, needs_multi30k, require_multi30k
 
 from qkv import checkpoint
 from qkv.config import ConfigError
+from qkv.rundir import step_dirs
+from qkv.stopping import StopRequested
+from qkv.tasks import date_pairs
 from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
@@ -119,13 +126,14 @@ def test_build_configs_applies_overrides_and_rejects_unknown_keys():
 
 
 class RecordingTrainer(Trainer):
-    """A Trainer that remembers the loss of every step, and can simulate Ctrl-C before a given step."""
+    """A Trainer that remembers the loss of every step, and sends itself Ctrl-C (a real SIGINT) as a
+    given step starts: the step still completes, and the run stops after it."""
 
-    interrupt_before_step: int | None = None
+    interrupt_at_step: int | None = None
 
     def train_step(self, indices):
-        if self.step + 1 == self.interrupt_before_step:
-            raise KeyboardInterrupt
+        if self.step + 1 == self.interrupt_at_step:
+            os.kill(os.getpid(), signal.SIGINT)
         result = super().train_step(indices)
         self.__dict__.setdefault("losses", []).append(result[0])
         self.__dict__.setdefault("lrs", []).append(self.optimizer.param_groups[0]["lr"])
@@ -149,8 +157,7 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> RecordingTrainer:
-    if not MULTI30K.is_dir():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    require_multi30k()
     trainer = RecordingTrainer(tmp_path_factory.mktemp("resume") / "whole", *tiny_configs(20))
     trainer.run(progress=False)
     return trainer
@@ -167,21 +174,16 @@ def test_a_run_writes_its_checkpoints_log_and_averaged_final(uninterrupted):
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["event"] == "valid"] == [5, 10, 15, 20]
     assert [r["event"] for r in records][0] == "start" and records[-1]["event"] == "final"
-    # final/ is whichever of the mean of the two kept checkpoints and the newest alone validated best
+    # both candidates for final/ were validated, and final/ holds the weights its log record names
+    # (which one wins is test_final_is_the_best_validated_average_and_a_tie_goes_to_the_larger's)
     final_record = records[-1]
     assert set(final_record["tried_bleu"]) == {"2", "1"}
-    assert final_record["bleu"] == max(final_record["tried_bleu"].values())
-    chosen = final_record["averaged"]
-    assert chosen in (["step-000015", "step-000020"], ["step-000020"])
-    assert final_record["tried_bleu"][str(len(chosen))] == final_record["bleu"]
     final = checkpoint.load(run / "final").model.state_dict()
-    mean = checkpoint.average([run / name for name in chosen])
+    mean = checkpoint.average([run / name for name in final_record["averaged"]])
     for name, value in mean.items():
         torch.testing.assert_close(final[name], value, rtol=0, atol=0)
     # and after validating final/, the trainer's model holds its own (last/) weights again
     assert same_weights(uninterrupted.model, checkpoint.load(run / "last").model)
-    if len(chosen) == 2:  # an average differs from the live (step 20) weights
-        assert not torch.equal(final["src_embed.weight"], uninterrupted.model.state_dict()["src_embed.weight"])
     # the schedule was applied: step 20 is the end of the tiny preset's warm-up, so the peak
     assert uninterrupted.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(20, peak=3e-3, warmup=20) == 3e-3
 
@@ -212,16 +214,18 @@ def test_resume_from_last_gives_the_same_losses_and_weights(uninterrupted, tmp_p
 
 
 @needs_multi30k
-def test_ctrl_c_between_steps_saves_a_checkpoint_that_resumes_exactly(uninterrupted, tmp_path):
+def test_ctrl_c_during_a_step_saves_after_it_a_checkpoint_that_resumes_exactly(uninterrupted, tmp_path):
     interrupted = RecordingTrainer(tmp_path / "run", *tiny_configs(20))
-    interrupted.interrupt_before_step = 13
-    with pytest.raises(KeyboardInterrupt):
+    interrupted.interrupt_at_step = 13
+    with pytest.raises(StopRequested) as stopped:
         interrupted.run(progress=False)
-    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 12
+    assert stopped.value.exit_status == 130
+    assert json.loads((tmp_path / "run" / "last" / "trainer.json").read_text())["step"] == 13
+    assert interrupted.losses == uninterrupted.losses[:13]  # step 13 was finished, not cut short
 
     resumed = RecordingTrainer.resume(tmp_path / "run")
     resumed.run(progress=False)
-    assert resumed.losses == uninterrupted.losses[12:]
+    assert resumed.losses == uninterrupted.losses[13:]
     assert same_weights(resumed.model, uninterrupted.model)
 
 
@@ -229,3 +233,125 @@ def test_ctrl_c_between_steps_saves_a_checkpoint_that_resumes_exactly(uninterrup
 def test_a_checkpoint_without_training_state_cannot_be_resumed(uninterrupted):
     with pytest.raises(checkpoint.CheckpointError, match="cannot be resumed"):
         checkpoint.load_trainer(uninterrupted.run_dir / "final")
+
+
+# ---- final/, step checkpoints, time budgets, resume overrides (generated dates: no download) -------
+
+
+@pytest.fixture(scope="module")
+def dates_tsv(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("dates") / "dates.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(300, seed=3)), encoding="utf-8")
+    return path
+
+
+def dates_configs(data: Path, **train):
+    return build_configs(
+        "tiny", model={"dropout": 0.1}, train={"threads": 1, **train},
+        data={"corpus": "files", "train_src": str(data), "vocab_size": 120},
+    )  # fmt: skip
+
+
+def test_final_is_the_best_validated_average_and_a_tie_goes_to_the_larger(monkeypatch, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    trainer = Trainer(run, *dates_configs(dates_tsv, max_steps=6, eval_every=2, keep_last=3, average_last=3))
+    trainer.run(progress=False)
+    assert [d.name for d in step_dirs(run)] == ["step-000002", "step-000004", "step-000006"]
+    newest = [r for r in trainer.log.records if r["event"] == "valid"][-1]
+    assert newest["step"] == 6
+
+    def final_given(bleu_of_3: float, bleu_of_2: float, bleu_of_1: float) -> tuple[list[str], dict]:
+        """finish() when the averages of the newest 3 and 2 validate at these BLEUs (in that order)
+        and the newest alone validated at bleu_of_1 (its log record is reused, not validated again)."""
+        scores = iter([bleu_of_3, bleu_of_2])
+        monkeypatch.setattr(trainer, "validate", lambda: {"valid_loss": 1.0, "bleu": next(scores), "bleu_lc": 0.0, "chrf": 0.0})
+        newest["bleu"] = bleu_of_1
+        metrics = trainer.finish()
+        record = trainer.log.records[-1]
+        assert record["tried_bleu"] == {"3": bleu_of_3, "2": bleu_of_2, "1": bleu_of_1}
+        assert metrics["bleu"] == record["bleu"] == max(bleu_of_3, bleu_of_2, bleu_of_1)
+        return record["averaged"], checkpoint.load(run / "final").model.state_dict()
+
+    def assert_final_is_the_mean_of(names: list[str], final: dict) -> None:
+        mean = checkpoint.average([run / name for name in names])
+        assert all(torch.equal(final[name], value) for name, value in mean.items())
+
+    averaged, final = final_given(10.0, 20.0, 15.0)
+    assert averaged == ["step-000004", "step-000006"]
+    assert_final_is_the_mean_of(averaged, final)
+    averaged, final = final_given(20.0, 20.0, 20.0)  # a three-way tie: the largest average
+    assert averaged == ["step-000002", "step-000004", "step-000006"]
+    assert_final_is_the_mean_of(averaged, final)
+    averaged, final = final_given(10.0, 20.0, 30.0)
+    assert averaged == ["step-000006"]
+    assert same_weights(checkpoint.load(run / "final").model, checkpoint.load(run / "step-000006").model)
+    # the choices were different weights: the tests above could tell them apart
+    mean = checkpoint.average([run / "step-000004", run / "step-000006"])
+    assert any(not torch.equal(mean[name], final[name]) for name in mean)
+
+
+def test_step_checkpoints_sort_by_number_past_a_million(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    trainer = Trainer(run, *dates_configs(dates_tsv, keep_last=2, average_last=2))
+    for trainer.step in (999_998, 999_999, 1_000_000):
+        trainer.checkpoint_and_validate()
+    # rotation kept the two newest (as text, "step-1000000" sorts first and was the one deleted)
+    assert sorted(d.name for d in run.glob("step-*")) == ["step-1000000", "step-999999"]
+    trainer.finish()
+    final = [r for r in trainer.log.records if r["event"] == "final"][-1]
+    assert final["averaged"] in (["step-999999", "step-1000000"], ["step-1000000"])  # never an older one
+    assert [d.name for d in step_dirs(run)] == ["step-999999", "step-1000000"]
+
+
+def test_a_time_budget_becomes_a_step_count_and_the_run_resumes_to_exactly_those_steps(tmp_path, dates_tsv):
+    """A budgeted run times its first measure_steps updates, then plans a step count once (logged, and
+    saved in last/); interrupted after that and resumed, it ends bitwise equal to --max-steps N."""
+    budget = {"time_budget": 1.0, "measure_steps": 5, "cooldown": 0.5, "eval_every": 1000}
+    first = RecordingTrainer(tmp_path / "budget", *dates_configs(dates_tsv, **budget))
+    first.interrupt_at_step = 8  # after the plan; the plan is at least 9 steps: ceil(4 / (1 - 0.5)) + 1
+    with pytest.raises(StopRequested):
+        first.run(progress=False)
+    planned = first.planned_steps
+    assert planned is not None and planned >= 9
+    assert [(r["step"], r["planned_steps"]) for r in first.log.records if r["event"] == "budget"] == [(5, planned)]
+    saved = json.loads((tmp_path / "budget" / "last" / "trainer.json").read_text())
+    assert (saved["step"], saved["planned_steps"]) == (8, planned)
+
+    assert RecordingTrainer.resume(tmp_path / "budget", time_budget=5.0).planned_steps is None  # a new budget: a new plan
+    resumed = RecordingTrainer.resume(tmp_path / "budget")
+    assert resumed.planned_steps == planned
+    result = resumed.run(progress=False)
+    assert (result.step, result.stopped_because) == (planned, "time_budget")
+
+    steps = RecordingTrainer(tmp_path / "steps", *dates_configs(dates_tsv, max_steps=planned, cooldown=0.5, eval_every=1000))
+    steps.run(progress=False)
+    assert first.lrs + resumed.lrs == steps.lrs  # the schedule, cool-down included, followed the steps
+    assert first.lrs[-1] > steps.lrs[-1] > 0  # ... and the cool-down did bring it down
+    assert first.losses + resumed.losses == steps.losses
+    assert same_weights(resumed.model, steps.model)
+    adam, adam_steps = resumed.optimizer.state_dict()["state"], steps.optimizer.state_dict()["state"]
+    assert all(torch.equal(adam[i][k], adam_steps[i][k]) for i in adam for k in adam[i])
+
+
+def test_resume_refuses_overrides_that_could_not_take_effect(tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    Trainer(run, *dates_configs(dates_tsv, max_steps=2, eval_every=2)).run(progress=False)
+    for key, value in [("beta1", 0.8), ("beta2", 0.99), ("eps", 1e-6), ("weight_decay", 0.01), ("max_tokens", 256), ("seed", 7)]:
+        with pytest.raises(ValueError, match=rf"--resume cannot change {key} \("):
+            Trainer.resume(run, **{key: value})
+    # the saved values themselves, and settings that do take effect, are accepted
+    resumed = Trainer.resume(run, seed=1, beta2=0.98, max_steps=4, lr=1e-3)
+    assert resumed.step == 2
+    assert resumed.run(progress=False).step == 4
+    assert resumed.optimizer.param_groups[0]["lr"] == inverse_sqrt_lr(4, peak=1e-3, warmup=resumed.train_cfg.warmup_steps)
+    with pytest.raises(ValueError, match="cooldown must be < 1 with a time budget"):
+        TrainConfig(time_budget=60, cooldown=1.0)
+
+
+def test_by_default_the_budget_is_planned_after_the_first_validation_whose_time_it_includes(tmp_path, dates_tsv):
+    trainer = Trainer(tmp_path / "run", *dates_configs(dates_tsv, time_budget=0.5, eval_every=3))
+    result = trainer.run(progress=False)
+    events = [(r["event"], r["step"]) for r in trainer.log.records if r["event"] in ("valid", "budget")]
+    assert events[:2] == [("valid", 3), ("budget", 3)]
+    planned = trainer.log.records[[r["event"] for r in trainer.log.records].index("budget")]["planned_steps"]
+    assert (result.step, result.stopped_because) == (planned, "time_budget")

@@ -1,0 +1,148 @@
+"""Training recipes: the data and training configs, the named presets that combine them with a model,
+and the corpora a data config names.
+
+Typed, frozen dataclasses validated in ``__post_init__``; ``build_configs`` applies a user's overrides
+to a preset and rejects unknown keys with a "did you mean".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from qkv.config import ModelConfig, _did_you_mean, config_from_dict, model_preset
+from qkv.data import ParallelCorpus, load_multi30k, read_parallel, read_tsv
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text comes from and how it is tokenized."""
+
+    corpus: Literal["multi30k", "files"] = "multi30k"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    data_dir: str | None = None  # Multi30k directory; None: $QKV_DATA or the download cache
+    train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    vocab_size: int = 8000  # joint source+target subword vocabulary
+    max_len: int = 128  # subword tokens kept per side
+    train_limit: int = 0  # use only the first N training pairs (0: all); for quick runs and CI
+    valid_limit: int = 0
+
+    def __post_init__(self) -> None:
+        if self.corpus not in ("multi30k", "files"):
+            raise ValueError(f"corpus must be multi30k or files, got {self.corpus!r}")
+        if self.corpus == "files" and not self.train_src:
+            raise ValueError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
+        if self.vocab_size < 16:
+            raise ValueError(f"vocab_size must be >= 16, got {self.vocab_size}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and the run's schedule of evaluations and checkpoints."""
+
+    max_tokens: int = 4096  # padded tokens per batch, of its longer side (per process, per micro-batch)
+    accumulate: int = 1  # micro-batches summed into each optimizer step, per process
+    bf16: bool = False  # bfloat16 autocast on a GPU; ignored (with a warning) on the CPU
+    lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
+    warmup_steps: int = 800
+    cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0
+    beta1: float = 0.9
+    beta2: float = 0.98  # the paper's
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_epochs: int = 1000
+    max_steps: int = 0  # 0: no limit
+    time_budget: float = 0.0  # seconds of training, turned into a step count after measure_steps; 0: no limit
+    measure_steps: int = 0  # with time_budget: updates timed before the budget becomes a step count; 0: eval_every
+    eval_every: int = 500  # steps between validations and checkpoints
+    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
+    patience: int = 0  # stop after this many validations without a better BLEU; 0: never
+    keep_last: int = 5  # step checkpoints kept on disk
+    average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
+    seed: int = 1
+    threads: int = 0  # torch intra-op threads; 0: PyTorch's default
+    on_nan: Literal["skip", "stop"] = "skip"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
+            raise ValueError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
+        if not 0 <= self.label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.on_nan not in ("skip", "stop"):
+            raise ValueError(f"on_nan must be skip or stop, got {self.on_nan!r}")
+        if self.average_last < 1 or self.keep_last < self.average_last:
+            raise ValueError("need 1 <= average_last <= keep_last")
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
+        if not 0 <= self.cooldown <= 1:
+            raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
+        if self.measure_steps < 0:
+            raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
+        if self.time_budget and self.cooldown == 1:
+            raise ValueError(
+                "cooldown must be < 1 with a time budget: the updates timed to plan the run come before its length is known"
+            )
+
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: str  # a name from qkv.config.MODEL_PRESETS
+    train: TrainConfig
+    data: DataConfig
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+
+
+# Recipes measured on a 2-core CPU (see the README for what each reached).
+TRAIN_PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        "tiny",
+        TrainConfig(max_tokens=512, lr=3e-3, warmup_steps=20, eval_every=50, max_steps=100, average_last=2, keep_last=2),
+        DataConfig(vocab_size=200, train_limit=500, valid_limit=50),
+    ),
+    # transformer-tiny with pre-LN (stable at a high learning rate, so it learns fast in little time)
+    # and more dropout than the paper (29k sentences are seen ~40 times in an hour).
+    "multi30k": Preset(
+        "transformer-tiny",
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, cooldown=0.2, eval_every=500),
+        DataConfig(vocab_size=8000),
+        model_overrides=(("norm_first", True), ("dropout", 0.2)),
+    ),
+}
+
+
+def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
+    if data.corpus == "multi30k":
+        train = load_multi30k("train", data.src_lang, data.tgt_lang, data.data_dir)
+        valid = load_multi30k("val", data.src_lang, data.tgt_lang, data.data_dir)
+    else:
+        train = read_parallel(data.train_src, data.train_tgt) if data.train_tgt else read_tsv(data.train_src)
+        if data.valid_src:
+            valid = read_parallel(data.valid_src, data.valid_tgt) if data.valid_tgt else read_tsv(data.valid_src)
+        else:  # hold out the last 5% (at most 1000 pairs) of the training data
+            n = max(1, min(1000, len(train) // 20))
+            valid = ParallelCorpus(train.src[-n:], train.tgt[-n:], 0, train.name + " (held out)")
+            train = ParallelCorpus(train.src[:-n], train.tgt[:-n], train.skipped_empty, train.name)
+    if data.train_limit:
+        train = ParallelCorpus(train.src[: data.train_limit], train.tgt[: data.train_limit], train.skipped_empty, train.name)
+    if data.valid_limit:
+        valid = ParallelCorpus(valid.src[: data.valid_limit], valid.tgt[: data.valid_limit], valid.skipped_empty, valid.name)
+    return train, valid
+
+
+def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:
+    """A training preset with overrides applied (unknown keys are rejected with a hint)."""
+    if preset not in TRAIN_PRESETS:
+        raise ValueError(f"unknown training preset {preset!r}{_did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
+    p = TRAIN_PRESETS[preset]
+    return (
+        model_preset(p.model, **{**dict(p.model_overrides), **model}),
+        config_from_dict(TrainConfig, {**p.train.__dict__, **train}),
+        config_from_dict(DataConfig, {**p.data.__dict__, **data}),
+    )
