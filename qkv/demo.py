@@ -15,6 +15,7 @@ from qkv import checkpoint
 from qkv.config import model_preset
 from qkv.data import read_tsv
 from qkv.decode import DecodeConfig
+from qkv.rundir import CHECKPOINT_DIR, QKV_FILES, clear_run, is_run
 from qkv.tasks import date_splits, exact_match
 from qkv.tokenizer import Tokenizer
 from qkv.train import DataConfig, Trainer, TrainConfig
@@ -66,6 +67,27 @@ def train_dates_model(
     return trainer
 
 
+DEMO_FILES = ("train.tsv", "valid.tsv", "test.tsv", "attention.png", "attention.html")
+
+
+def _check_demo_dir(out: Path) -> None:
+    """Refuse an ``--out`` holding anything the demo did not write: it rewrites and deletes its own files there."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    foreign = [
+        e.name for e in out.iterdir()
+        if not (e.name in DEMO_FILES or e.name in QKV_FILES or CHECKPOINT_DIR.fullmatch(e.name))
+    ]
+    if foreign:
+        raise ValueError(
+            f"--out {out} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}): choose a new directory"
+        )
+    if any(out.iterdir()) and not is_run(out):  # a train.tsv of the user's own, say: never overwrite it
+        raise ValueError(f"--out {out} is not empty and holds no qkv run: choose a new directory")
+
+
 def run_demo(
     out: str | Path = "runs/demo",
     *,
@@ -78,8 +100,11 @@ def run_demo(
 ) -> DemoResult:
     """Train (or reuse) the dates model, measure exact match on held-out dates, write the attention picture."""
     out = Path(out)
+    _check_demo_dir(out)
     trained, seconds = False, 0.0
     if retrain or not (out / "final" / checkpoint.CONFIG).exists():
+        if out.is_dir():
+            clear_run(out)  # the previous demo run's log, tokenizer and checkpoints: a new run starts clean
         started = time.monotonic()
         train_dates_model(out, n_train=n_train, n_valid=200, n_test=n_test, seed=seed, train=train, progress=progress)
         trained, seconds = True, time.monotonic() - started

@@ -17,23 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from qkv import checkpoint
+from qkv.checkpoint import step_dirs  # by step number: step-1000000 after step-999999
 
 LOG, CURVES = "log.jsonl", "curves.png"
 QKV_FILES = (LOG, CURVES, checkpoint.TOKENIZER)
 # last/, best/, final/, step-NNNNNN/ and their .tmp/.old twins (a save in progress, or interrupted).
 CHECKPOINT_DIR = re.compile(r"(last|best|final|step-\d+)(\.tmp|\.old)?")
-STEP_DIR = re.compile(r"step-(\d+)")
-# Every file qkv writes into a checkpoint directory.
-CHECKPOINT_FILES = {
-    checkpoint.WEIGHTS, checkpoint.CONFIG, checkpoint.TOKENIZER, checkpoint.TRAINER_TENSORS,
-    checkpoint.TRAINER_JSON, checkpoint.MANIFEST,
-}  # fmt: skip
-
-
-def step_dirs(run_dir: Path) -> list[Path]:
-    """The run's ``step-N`` checkpoints, oldest first, by step number (step-1000000 after step-999999)."""
-    found = [(int(m.group(1)), d) for d in run_dir.iterdir() if d.is_dir() and (m := STEP_DIR.fullmatch(d.name))]
-    return [d for _, d in sorted(found)]
+CHECKPOINT_FILES = checkpoint.FILES  # every file qkv writes into a checkpoint directory
 
 
 def is_run(directory: Path) -> bool:

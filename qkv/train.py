@@ -384,8 +384,7 @@ class Trainer:
         if k > 1:
             checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs=self.configs(), state_dict=state)
         else:
-            shutil.copytree(dirs[-1], self.run_dir / "final.tmp", dirs_exist_ok=True)
-            checkpoint._publish(self.run_dir / "final.tmp", self.run_dir / "final")
+            checkpoint.publish_copy(dirs[-1], self.run_dir / "final")
         self.log.write(event="final", step=self.step, averaged=[d.name for d in dirs[-k:]], tried_bleu=tried, **metrics)
         return metrics
 

@@ -3,6 +3,8 @@ draws and reuses its model; token alignment reads the cross-attention it claims 
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from qkv import checkpoint
@@ -43,6 +45,25 @@ def test_the_demo_command_reports_and_then_reuses_its_model(tmp_path, capsys, mo
     second = capsys.readouterr().out
     assert "reused the cached model" in second
     assert (out_dir / "final" / checkpoint.WEIGHTS).stat().st_mtime_ns == stamp
+    # --retrain starts a clean run: one start event in the log, not the old run's appended to
+    assert main(["demo", "--out", str(out_dir), "--no-progress", "--retrain"]) == 0
+    assert "trained in" in capsys.readouterr().out
+    events = [json.loads(line)["event"] for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert events.count("start") == 1
+
+
+def test_the_demo_never_writes_into_a_directory_of_other_files(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.tsv").write_text("my own data\tmeine Daten\n")
+    (mine / "thesis.tex").write_text("years of work")
+    assert main(["demo", "--out", str(mine), "--no-progress"]) == 2
+    assert "holds files the demo did not write (thesis.tex)" in capsys.readouterr().err
+    assert (mine / "train.tsv").read_text() == "my own data\tmeine Daten\n" and len(list(mine.iterdir())) == 2
+    (mine / "thesis.tex").unlink()  # only a file with a name the demo uses: still the user's
+    assert main(["demo", "--out", str(mine), "--no-progress"]) == 2
+    assert "holds no qkv run" in capsys.readouterr().err
+    assert (mine / "train.tsv").read_text() == "my own data\tmeine Daten\n"
 
 
 def test_token_alignment_picks_the_most_attended_source_piece():
