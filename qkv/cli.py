@@ -90,32 +90,9 @@ def explain_command(args: argparse.Namespace) -> int:
     print(format_explanation(expl, precision=args.precision))
     return 0
 
-def parse_duration(text: str) -> float:
-    """'90s', '45m', '1.5h' or plain seconds -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise ValueError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
-
-
-def parse_overrides(pairs: list[str] | None) -> dict:
-    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings."""
-    out = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
-        try:
-            out[key.strip().replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip().replace("-", "_")] = value
-    return out
-
-
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from qkv.recipes import parse_duration
+
     p.add_argument("--out", help="run directory (checkpoints, log.jsonl, curves.png): new or empty")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed or interrupted run from RUN_DIR/last")
     p.add_argument(
@@ -166,6 +143,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv import distributed
     from qkv.rundir import check_new_run
     from qkv.stopping import StopRequested
+    from qkv.recipes import parse_overrides
     from qkv.train import Trainer, build_configs
 
     train_overrides = parse_overrides(args.train)
@@ -254,7 +232,7 @@ def translate(args: argparse.Namespace) -> int:
     import contextlib
 
     from qkv.outputs import check_output, output_file
-    from qkv.translate import Translator
+    from qkv.translate import Translator, translate_stream
 
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
         check_output(args.output, force=args.force, inputs=(args.input,))
@@ -266,43 +244,8 @@ def translate(args: argparse.Namespace) -> int:
             source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_file(args.output, force=args.force, inputs=(args.input,))) if args.output else sys.stdout
-        # Interactive input is answered line by line; files and pipes are batched for speed.
-        chunk = 1 if source.isatty() else 256
-        buffer: list[str] = []
-        for line in _input_lines(source, name):
-            buffer.append(line)
-            if len(buffer) >= chunk:
-                _write_translations(translator, buffer, sink, args.n_best)
-                buffer = []
-        if buffer:
-            _write_translations(translator, buffer, sink, args.n_best)
+        translate_stream(translator, source, sink, name=name, n_best=args.n_best)
     return 0
-
-
-def _input_lines(source, name: str):
-    """Lines of ``source`` without their ending. Only "\n" ends a line (a stray "\r" or U+2028 inside
-    a line must not make two), so line N in is line N out; invalid UTF-8 is an error naming the line."""
-    for number, raw in enumerate(source, 1):
-        if isinstance(raw, str):  # a text stream (tests pass a StringIO)
-            line = raw
-        else:
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
-        if number == 1:
-            line = line.removeprefix("\ufeff")  # a byte order mark
-        yield line.removesuffix("\n").removesuffix("\r")
-
-
-def _write_translations(translator, lines: list[str], sink, n_best: int) -> None:
-    for nbest in translator.translate_nbest(lines):
-        texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
-        if n_best == 1:
-            sink.write(texts[0] + "\n")
-        else:
-            sink.write("\t".join(f"{text}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
-    sink.flush()
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:

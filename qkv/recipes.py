@@ -7,6 +7,7 @@ to a preset and rejects unknown keys with a "did you mean".
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -146,3 +147,28 @@ def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], 
         config_from_dict(TrainConfig, {**p.train.__dict__, **train}),
         config_from_dict(DataConfig, {**p.data.__dict__, **data}),
     )
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '45m', '1.5h' or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise ValueError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = value
+    return out

@@ -124,3 +124,46 @@ class Translator:
                 buffer = []
         if buffer:
             yield from self.translate(buffer)
+
+
+def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1) -> None:
+    """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
+
+    Interactive input is answered line by line; files and pipes are translated 256 lines at a time.
+    With ``n_best`` > 1 each line holds the N best, tab-separated with their scores.
+    """
+    chunk = 1 if source.isatty() else 256
+    buffer: list[str] = []
+    for line in input_lines(source, name):
+        buffer.append(line)
+        if len(buffer) >= chunk:
+            _write_translations(translator, buffer, sink, n_best)
+            buffer = []
+    if buffer:
+        _write_translations(translator, buffer, sink, n_best)
+
+
+def input_lines(source, name: str) -> Iterator[str]:
+    """Lines of ``source`` without their ending. Only "\n" ends a line (a stray "\r" or U+2028 inside
+    a line must not make two), so line N in is line N out; invalid UTF-8 is an error naming the line."""
+    for number, raw in enumerate(source, 1):
+        if isinstance(raw, str):  # a text stream (tests pass a StringIO)
+            line = raw
+        else:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte order mark
+        yield line.removesuffix("\n").removesuffix("\r")
+
+
+def _write_translations(translator: Translator, lines: list[str], sink, n_best: int) -> None:
+    for nbest in translator.translate_nbest(lines):
+        texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
+        if n_best == 1:
+            sink.write(texts[0] + "\n")
+        else:
+            sink.write("\t".join(f"{text}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
+    sink.flush()
