@@ -316,6 +316,39 @@ def average(args: argparse.Namespace) -> int:
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
+def _score_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
+    p.add_argument("--reference", "-r", required=True, help="the target sentences to score, line by line")
+    p.add_argument("--output", "-o", help="write the scores to this file (default: stdout)")
+    p.add_argument("--tokens", action="store_true", help="also each target token's log-probability, and the tokens")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+
+
+@command("score", "forced decoding: the model's log-probability of given translations, and perplexity", _score_args)
+def score_command(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from qkv import checkpoint
+    from qkv.data import read_parallel
+    from qkv.outputs import check_output, output_file
+    from qkv.score import perplexity, score_pairs
+
+    inputs = (args.input, args.reference)
+    if args.output:
+        check_output(args.output, force=args.force, inputs=inputs)
+    loaded = checkpoint.load(args.checkpoint)
+    pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
+    scores = score_pairs(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, max_tokens=args.batch_tokens)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=inputs)) if args.output else sys.stdout
+        sink.writelines(s.line(tokens=args.tokens) + "\n" for s in scores)
+    tokens = sum(s.n_tokens for s in scores)
+    print(f"scored {len(scores)} pairs, {tokens} target tokens (EOS included): perplexity {perplexity(scores):.3f}", file=sys.stderr)
+    return 0
+
+
 def _attend_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")
