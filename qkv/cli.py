@@ -99,7 +99,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true",
         help="start over in the run --out: delete what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
     )
-    p.add_argument("--preset", default="multi30k", help="training recipe: " + ", ".join(sorted(_train_presets())))
+    p.add_argument("--preset", help="training recipe (default multi30k): " + ", ".join(sorted(_train_presets())))
+    p.add_argument("--config", metavar="FILE.toml", help="preset and [model]/[train]/[data] keys from a TOML file; flags override it")
+    p.add_argument("--dump-config", action="store_true", help="print the full resolved config (a --config file) and exit")
     p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
     p.add_argument("--tgt", help="target language")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else download to a cache)")
@@ -143,7 +145,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv import distributed
     from qkv.rundir import check_new_run
     from qkv.stopping import StopRequested
-    from qkv.recipes import parse_overrides
+    from qkv.recipes import dump_config, parse_overrides, read_config_file
     from qkv.train import Trainer, build_configs
 
     train_overrides = parse_overrides(args.train)
@@ -153,17 +155,12 @@ def _train(args: argparse.Namespace, ctx) -> int:
     ]:
         if value is not None:
             train_overrides[key] = value
-    if args.resume and (args.out or args.overwrite):
-        raise ValueError("--resume continues the run where it is: leave out --out and --overwrite")
+    if args.resume and (args.out or args.overwrite or args.config or args.dump_config):
+        raise ValueError("--resume continues the run as it was configured: leave out --out, --overwrite, --config and --dump-config")
     if args.resume:
         trainer = Trainer.resume(args.resume, **train_overrides)
     else:
-        if not args.out:
-            raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
-        # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
-        problem = check_new_run(Path(args.out), overwrite=args.overwrite)
-        if distributed.any_rank([problem is not None], ctx)[0]:
-            raise ValueError(problem or f"--out {args.out} was refused by another process")
+        file = read_config_file(args.config) if args.config else {}
         data = parse_overrides(args.data)
         for key, value in [
             ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
@@ -174,9 +171,20 @@ def _train(args: argparse.Namespace, ctx) -> int:
                 data[key] = value
         if args.train_src:
             data["corpus"] = "files"
-        model_cfg, train_cfg, data_cfg = build_configs(
-            args.preset, model=parse_overrides(args.model), train=train_overrides, data=data
+        preset = args.preset or file.get("preset", "multi30k")
+        model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
+            preset, model={**file.get("model", {}), **parse_overrides(args.model)},
+            train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
         )
+        if args.dump_config:
+            print(dump_config(preset, model_cfg, train_cfg, data_cfg), end="")
+            return 0
+        if not args.out:
+            raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
+        # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
+        problem = check_new_run(Path(args.out), overwrite=args.overwrite)
+        if distributed.any_rank([problem is not None], ctx)[0]:
+            raise ValueError(problem or f"--out {args.out} was refused by another process")
         trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite)
         if trainer.deleted:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)

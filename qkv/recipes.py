@@ -7,8 +7,11 @@ to a preset and rejects unknown keys with a "did you mean".
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from qkv.config import ModelConfig, _did_you_mean, config_from_dict, model_preset
@@ -172,3 +175,50 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip().replace("-", "_")] = value
     return out
+
+
+CONFIG_FILE_KEYS = ("preset", "model", "train", "data")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A ``qkv train --config`` file: TOML with an optional ``preset = "NAME"`` and ``[model]``,
+    ``[train]``, ``[data]`` tables holding the keys ``--model/--train/--data KEY=VALUE`` take."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        raise ValueError("--config needs Python 3.11 or newer (tomllib)") from None
+    path = Path(path)
+    try:
+        config = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"config file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid TOML: {error}") from None
+    for key, value in config.items():
+        if key not in CONFIG_FILE_KEYS:
+            raise ValueError(f"{path}: unknown key {key!r}{_did_you_mean(key, list(CONFIG_FILE_KEYS))}; a config file holds {', '.join(CONFIG_FILE_KEYS)}")
+        if key == "preset" and not isinstance(value, str) or key != "preset" and not isinstance(value, dict):
+            raise ValueError(f"{path}: {key!r} must be {'a string' if key == 'preset' else 'a table, [' + key + ']'}")
+    return config
+
+
+def dump_config(preset: str, model: ModelConfig, train: TrainConfig, data: DataConfig) -> str:
+    """The resolved config as a ``--config`` file (TOML) that gives the same configs back. Keys whose
+    value is None (the default "not set") are written as comments."""
+    sections = [f"preset = {json.dumps(preset)}"]
+    for name, config in (("model", model), ("train", train), ("data", data)):
+        lines = [f"\n[{name}]"]
+        for key, value in dataclasses.asdict(config).items():
+            lines.append(f"# {key} = (not set)" if value is None else f"{key} = {_toml_value(value)}")
+        sections.append("\n".join(lines))
+    return "\n".join(sections) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
