@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,17 +113,6 @@ class Translator:
     def translate(self, texts: list[str]) -> list[str]:
         """One translation per input sentence, in order; an empty (or blank) input gives ''."""
         return [nbest[0].text for nbest in self.translate_nbest(texts)]
-
-    def translate_stream(self, lines: Iterable[str], *, chunk: int) -> Iterator[str]:
-        """Translate an iterable of lines ``chunk`` at a time, yielding outputs in input order."""
-        buffer: list[str] = []
-        for line in lines:
-            buffer.append(line.rstrip("\n"))
-            if len(buffer) >= chunk:
-                yield from self.translate(buffer)
-                buffer = []
-        if buffer:
-            yield from self.translate(buffer)
 
 
 def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1) -> None:
