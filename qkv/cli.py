@@ -211,7 +211,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
-    p.add_argument("--beam", type=int, default=5, help="beam size (1 = greedy)")
+    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5, or 1 with --sampling)")
     p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=10)
@@ -221,9 +221,10 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
 def _decode_config(args: argparse.Namespace, n_best: int = 1):
     from qkv.decode import DecodeConfig
 
+    sampling = {k: getattr(args, k) for k in ("sampling", "temperature", "top_k", "top_p", "seed") if hasattr(args, k)}
     return DecodeConfig(
         beam_size=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, n_best=n_best,
+        max_len_b=args.max_len_b, n_best=n_best, **sampling,
     )
 
 
@@ -232,6 +233,11 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
+    p.add_argument("--sampling", action="store_true", help="draw each token at random instead of searching (beam 1)")
+    p.add_argument("--temperature", type=float, default=1.0, help="with --sampling: softmax temperature (default 1)")
+    p.add_argument("--top-k", type=int, default=0, help="with --sampling: only the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --sampling: only the nucleus holding this probability")
+    p.add_argument("--seed", type=int, default=0, help="with --sampling: a sentence's sample repeats under the same seed")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
 
 
@@ -531,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if getattr(args, "beam", 0) is None:  # decoding commands: beam 5, or 1 when sampling
+        args.beam = 1 if getattr(args, "sampling", False) else 5
     try:
         return COMMANDS[args.command][2](args)
     except KeyboardInterrupt:

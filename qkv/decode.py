@@ -29,10 +29,21 @@ class DecodeConfig:
     max_len_a: float = 1.5
     max_len_b: int = 10
     n_best: int = 1
+    # Sampling instead of search: each token drawn from softmax(logits / temperature), restricted to
+    # the top_k most likely tokens (0: all) and to the smallest set holding top_p of the probability.
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0  # with the same seed, a sentence gets the same sample, however it is batched
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.sampling and self.beam_size != 1:
+            raise ValueError(f"sampling draws one translation per sentence: beam_size must be 1, got {self.beam_size}")
+        if self.temperature <= 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("need temperature > 0, top_k >= 0 and 0 < top_p <= 1")
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
         if self.length_penalty < 0:
@@ -101,6 +112,25 @@ def split_candidates(
     return finishing, live
 
 
+def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: DecodeConfig) -> Tensor:
+    """Draw one token per row from softmax(logits / temperature), within the top-k and the top-p
+    nucleus. logits: (b, V); generators: one per row, so a row's draws do not depend on the others."""
+    logits = logits.float() / config.temperature  # (b, V)
+    V = logits.size(-1)
+    if config.top_k and config.top_k < V:
+        kth = logits.topk(config.top_k, dim=-1).values[:, -1:]  # (b, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)  # (b, V)
+    if config.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= config.top_p  # mass before it already >= p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    cumulative = probs.cumsum(dim=-1)  # (b, V)
+    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(probs.device) * cumulative[:, -1]  # (b,)
+    # The first token whose cumulative probability exceeds u: a zero-probability token never is.
+    return torch.searchsorted(cumulative, u[:, None], right=True).squeeze(1).clamp(max=V - 1)
+
+
 def _start(model: Transformer, src: Tensor, bos_id: int, repeat: int):
     """Encode ``src`` and repeat each sentence's memory ``repeat`` times (one row per beam)."""
     memory, src_mask, _ = model.encode(src)
@@ -111,16 +141,24 @@ def _start(model: Transformer, src: Tensor, bos_id: int, repeat: int):
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig) -> list[list[int]]:
-    """The most likely next token at every step. src: (B, S). Returns token lists without BOS/EOS."""
+def greedy_search(
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None
+) -> list[list[int]]:
+    """The most likely next token at every step (or, with ``config.sampling``, one drawn at random,
+    each sentence from a generator seeded by ``seeds``). src: (B, S). Returns token lists without BOS/EOS."""
     B = src.size(0)
+    if config.sampling:
+        generators = [torch.Generator().manual_seed(s) for s in (seeds or [config.seed + b for b in range(B)])]
     memory, src_mask, state, last = _start(model, src, bos_id, 1)
     limits = torch.tensor(_output_limits(model, src_mask, config), device=src.device)  # (B,)
     outputs: list[list[int]] = [[] for _ in range(B)]
     alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
     for step in range(int(limits.max())):
         logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
-        next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
+        if config.sampling:
+            next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
+        else:
+            next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
         for row, sentence in enumerate(alive.tolist()):
             if next_tokens[row] != eos_id:
                 outputs[sentence].append(int(next_tokens[row]))
@@ -201,9 +239,12 @@ def beam_search(
     return results
 
 
-def search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig) -> list[list[Hypothesis]]:
-    """Greedy search when beam_size is 1 (same result, less work), beam search otherwise."""
+def search(
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None
+) -> list[list[Hypothesis]]:
+    """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
+    beam search otherwise. ``seeds``: one per sentence, for sampling."""
     if config.beam_size == 1:
-        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)
+        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds)
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]
     return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +46,13 @@ def length_batches(lengths: list[int], *, max_tokens: int, max_sentences: int) -
     if batch:
         batches.append(batch)
     return batches
+
+
+def sentence_seed(seed: int, src_ids: list[int]) -> int:
+    """A sampling seed for one sentence from the user's seed and the sentence itself: the same sentence
+    gets the same sample under a seed wherever it stands in the input and however it is batched."""
+    digest = hashlib.blake2b(f"{seed}:{','.join(map(str, src_ids))}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 class Translator:
@@ -101,7 +109,8 @@ class Translator:
             indices = [todo[j] for j in batch]
             src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
             src = src.to(self.model.generator.weight.device)  # the model's device (a GPU while training)
-            hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config)
+            seeds = [sentence_seed(self.config.seed, src_ids[i]) for i in indices] if self.config.sampling else None
+            hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds)
             for i, h in zip(indices, hyps):
                 results[i] = h
         return results
