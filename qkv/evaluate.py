@@ -21,6 +21,12 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
         "bleu_lc_signature": str(bleu_lc.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
         "sentences": len(hypotheses),
+        # BLEU's length terms (cased tokenization): a ratio below 1 means translations shorter than the
+        # references, which the brevity penalty exp(1 - ref/hyp) charges for.
+        "length_ratio": round(b.ratio, 4),
+        "brevity_penalty": round(b.bp, 4),
+        "hyp_len": b.sys_len,
+        "ref_len": b.ref_len,
     }
 
 
@@ -30,5 +36,7 @@ def format_scores(scores: dict[str, Any]) -> str:
             f"BLEU      {scores['bleu']:6.2f}   {scores['bleu_signature']}",
             f"BLEU (lc) {scores['bleu_lc']:6.2f}   {scores['bleu_lc_signature']}",
             f"chrF      {scores['chrf']:6.2f}   {scores['chrf_signature']}",
+            f"length    ratio {scores['length_ratio']:.3f} (translations {scores['hyp_len']:,} / references "
+            f"{scores['ref_len']:,} tokens), brevity penalty {scores['brevity_penalty']:.3f}",
         ]
     )
