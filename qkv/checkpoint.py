@@ -325,7 +325,7 @@ def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state
         save_model(model, str(tmp / WEIGHTS))
     else:
         other = Transformer(model.config)
-        _load_weights(other, state_dict, str(tmp / WEIGHTS))
+        load_weights(other, state_dict, str(tmp / WEIGHTS))
         save_model(other, str(tmp / WEIGHTS))
     _write_json(tmp / CONFIG, {"format": FORMAT_VERSION, "model": model.config.to_dict(), **(configs or {})})
     tokenizer.save(tmp / TOKENIZER)
@@ -348,7 +348,7 @@ def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state
         _write_json(tmp / TRAINER_JSON, {**trainer, "rng": rng})
 
 
-def _load_weights(model: Transformer, weights: dict[str, torch.Tensor], where: str) -> None:
+def load_weights(model: Transformer, weights: dict[str, torch.Tensor], where: str) -> None:
     """Load ``weights`` into ``model`` strictly, except that a tied weight may appear under one name only."""
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -438,7 +438,7 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
         tensors = load_file(str(weights))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
-    _load_weights(model, tensors, str(weights))
+    load_weights(model, tensors, str(weights))
     tokenizer = Tokenizer.load(directory / TOKENIZER)
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 

@@ -100,6 +100,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
         help="start over in the run --out: delete what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
     )
     p.add_argument("--preset", help="training recipe (default multi30k): " + ", ".join(sorted(_train_presets())))
+    p.add_argument("--init-from", metavar="CKPT", help="fine-tune: start from this checkpoint's weights and tokenizer (fresh optimizer and schedule)")
     p.add_argument("--config", metavar="FILE.toml", help="preset and [model]/[train]/[data] keys from a TOML file; flags override it")
     p.add_argument("--dump-config", action="store_true", help="print the full resolved config (a --config file) and exit")
     p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
@@ -145,7 +146,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv import distributed
     from qkv.rundir import check_new_run
     from qkv.stopping import StopRequested
-    from qkv.recipes import dump_config, parse_overrides, read_config_file
+    from qkv import checkpoint
+    from qkv.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
     from qkv.train import Trainer, build_configs
 
     train_overrides = parse_overrides(args.train)
@@ -155,8 +157,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
     ]:
         if value is not None:
             train_overrides[key] = value
-    if args.resume and (args.out or args.overwrite or args.config or args.dump_config):
-        raise ValueError("--resume continues the run as it was configured: leave out --out, --overwrite, --config and --dump-config")
+    if args.resume and (args.out or args.overwrite or args.config or args.dump_config or args.init_from):
+        raise ValueError("--resume continues the run as it was configured: leave out --out, --overwrite, --config, --dump-config and --init-from")
     if args.resume:
         trainer = Trainer.resume(args.resume, **train_overrides)
     else:
@@ -172,10 +174,14 @@ def _train(args: argparse.Namespace, ctx) -> int:
         if args.train_src:
             data["corpus"] = "files"
         preset = args.preset or file.get("preset", "multi30k")
+        model = {**file.get("model", {}), **parse_overrides(args.model)}
+        parent = checkpoint.load(args.init_from) if args.init_from else None
         model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
-            preset, model={**file.get("model", {}), **parse_overrides(args.model)},
+            preset, model={} if parent else model,
             train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
         )
+        if parent:  # the parent's model, not the preset's
+            model_cfg = fine_tuning_model(parent.model.config, model)
         if args.dump_config:
             print(dump_config(preset, model_cfg, train_cfg, data_cfg), end="")
             return 0
@@ -185,7 +191,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
         problem = check_new_run(Path(args.out), overwrite=args.overwrite)
         if distributed.any_rank([problem is not None], ctx)[0]:
             raise ValueError(problem or f"--out {args.out} was refused by another process")
-        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite)
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent)
         if trainer.deleted:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:

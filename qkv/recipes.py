@@ -222,3 +222,18 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
+
+
+FINE_TUNING_OVERRIDES = ("dropout", "attention_dropout")  # what --init-from lets --model change
+
+
+def fine_tuning_model(parent: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """The model of a run started from a checkpoint (``--init-from``): the parent's, where only the
+    regularization may change; any other override would not fit the parent's weights."""
+    fixed = sorted(key for key, value in overrides.items() if key not in FINE_TUNING_OVERRIDES and getattr(parent, key, None) != value)
+    if fixed:
+        raise ValueError(
+            f"--init-from keeps the checkpoint's model: --model {fixed[0]} cannot change "
+            f"(it is {getattr(parent, fixed[0], 'not a model key')!r} there; only {', '.join(FINE_TUNING_OVERRIDES)} may)"
+        )
+    return parent.replace(**overrides)

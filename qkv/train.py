@@ -61,7 +61,8 @@ class Trainer:
     """
 
     def __init__(
-        self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *, start_over: bool = False
+        self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *,
+        start_over: bool = False, init_from: checkpoint.Checkpoint | None = None,
     ) -> None:
         """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
         has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went."""
@@ -77,7 +78,11 @@ class Trainer:
         self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main)
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
         tokenizer = None
-        if not tokenizer_path.exists() and self.dist.is_main:
+        if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
+            tokenizer = init_from.tokenizer
+            if self.dist.is_main:
+                tokenizer.save(tokenizer_path)
+        elif not tokenizer_path.exists() and self.dist.is_main:
             texts = self.train_data.src + self.train_data.tgt
             tokenizer = Tokenizer.train(texts, data.vocab_size, tokenizer_path, seed=train.seed)
         distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
@@ -88,6 +93,9 @@ class Trainer:
         )
         torch.manual_seed(train.seed)
         self.model = Transformer(self.model_config).to(self.device)
+        self.init_from = None if init_from is None else str(init_from.path)
+        if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
+            checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
         self.train_model: torch.nn.Module = self.model
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
@@ -398,6 +406,7 @@ class Trainer:
             valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
             world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.autocast,
+            **({"init_from": self.init_from} if self.init_from else {}),
         )
         bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
         together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
