@@ -369,6 +369,50 @@ def score_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _align_args(p: argparse.ArgumentParser) -> None:
+    _decode_args(p)
+    p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
+    p.add_argument("--reference", "-r", help="target sentences to align with (default: the model's own translations)")
+    p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
+    p.add_argument("--layer", type=int, default=-1, help="decoder layer whose cross-attention aligns, 1-based (default: the last)")
+    p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+
+
+@command("align", "word alignments from cross-attention, one line per sentence pair, in the Pharaoh format", _align_args)
+def align_command(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from qkv import checkpoint
+    from qkv.align import align, pharaoh
+    from qkv.data import read_parallel
+    from qkv.outputs import check_output, output_file
+
+    inputs = (args.input, args.reference)
+    if args.output:
+        check_output(args.output, force=args.force, inputs=inputs)
+    loaded = checkpoint.load(args.checkpoint)
+    cfg = loaded.model.config
+    if not 1 <= abs(args.layer) <= cfg.n_decoder_layers or args.layer == 0:
+        raise ValueError(f"--layer must be between 1 and {cfg.n_decoder_layers}")
+    if args.head is not None and not 1 <= args.head <= cfg.n_heads:
+        raise ValueError(f"--head must be between 1 and {cfg.n_heads}")
+    if args.reference:
+        pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
+        sources, targets = pairs.src, pairs.tgt
+    else:
+        sources, targets = read_parallel(args.input, args.input, keep_empty=True).src, None
+    alignments = align(
+        loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
+        head=None if args.head is None else args.head - 1, config=_decode_config(args),
+        max_tokens=args.batch_tokens * args.beam,
+    )
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=inputs)) if args.output else sys.stdout
+        sink.writelines(pharaoh(a) + "\n" for a in alignments)
+    return 0
+
+
 def _attend_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")

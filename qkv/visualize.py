@@ -87,8 +87,9 @@ def capture_attention(
     )
 
 
-def _words(pieces: list[str]) -> list[tuple[str, list[int]]]:
-    """Group subword pieces into words (a piece starting with '▁' starts a word): (word, piece indices)."""
+def group_words(pieces: list[str]) -> list[tuple[str, list[int]]]:
+    """Group subword pieces into words (a piece starting with '▁' starts a word): (word, piece indices).
+    EOS ("</s>") is a word of its own; pieces that make no text (a lone '▁' at the end) are dropped."""
     words: list[tuple[str, list[int]]] = []
     for i, piece in enumerate(pieces):
         if piece.startswith("▁") or not words or piece == "</s>":
@@ -98,23 +99,33 @@ def _words(pieces: list[str]) -> list[tuple[str, list[int]]]:
     return [(w, idx) for w, idx in words if w]
 
 
-def word_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str, str, float]]:
-    """For each target word, the source word it attended to most (head-averaged cross-attention).
+def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
+    """For each target word, the source word it attends to most: (source word, target word, weight),
+    0-based word indices without EOS. weights: (T, S) over the pieces (rows: target, columns: source).
 
     A word's attention is the mean over its pieces' rows (target) and the sum over its pieces'
-    columns (source). Returns (target word, source word, weight) triples; EOS is left out.
+    columns (source), so a word split into many pieces is not favoured or penalised for it.
     """
-    weights = capture.cross[layer].mean(dim=0)  # (H, T, S) -> (T, S)
-    src_words = [(w, idx) for w, idx in _words(capture.src_tokens) if w != "</s>"]
+    src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
+    tgt_words = [rows for w, rows in group_words(tgt_pieces) if w != "</s>"]
+    if not src_words:
+        return []
     alignment = []
-    for tgt_word, rows in _words(capture.tgt_tokens):
-        if tgt_word == "</s>" or not src_words:
-            continue
+    for j, rows in enumerate(tgt_words):
         row = weights[rows].mean(dim=0)  # (S,)
-        mass = [float(row[cols].sum()) for _, cols in src_words]
+        mass = [float(row[cols].sum()) for cols in src_words]
         best = max(range(len(mass)), key=mass.__getitem__)
-        alignment.append((tgt_word, src_words[best][0], mass[best]))
+        alignment.append((best, j, mass[best]))
     return alignment
+
+
+def word_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str, str, float]]:
+    """For each target word, the source word it attended to most (head-averaged cross-attention):
+    (target word, source word, weight) triples; EOS is left out."""
+    src_words = [w for w, _ in group_words(capture.src_tokens) if w != "</s>"]
+    tgt_words = [w for w, _ in group_words(capture.tgt_tokens) if w != "</s>"]
+    weights = capture.cross[layer].mean(dim=0)  # (H, T, S) -> (T, S)
+    return [(tgt_words[j], src_words[i], w) for i, j, w in align_words(weights, capture.src_tokens, capture.tgt_tokens)]
 
 
 def token_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str, str, float]]:

@@ -1,0 +1,65 @@
+"""Word alignments from cross-attention, for whole files, in the Pharaoh format ("0-0 1-2 ...").
+
+For each line pair the target (a given reference, or the model's own translation) is read by the
+decoder in one teacher-forced pass, and the chosen layer's cross-attention (one head, or the mean of
+the heads) aligns each target word with the source word it attends to most (``align_words``:
+subword pieces merged into words). Pharaoh pairs are "source-target" word indices, 0-based, in
+whitespace-separated words of the detokenized text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qkv.data import collate
+from qkv.decode import DecodeConfig
+from qkv.model import Transformer
+from qkv.tokenizer import Tokenizer
+from qkv.translate import Translator, length_batches
+from qkv.visualize import align_words
+
+
+@torch.inference_mode()
+def align(
+    model: Transformer, tokenizer: Tokenizer, sources: list[str], targets: list[str] | None = None, *,
+    layer: int = -1, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
+) -> list[list[tuple[int, int]]]:
+    """Pharaoh pairs (source word, target word) for each line, in input order.
+
+    ``targets`` None: align each source with the model's own translation (searched with ``config``).
+    ``layer``: a Python index over the decoder layers (-1: the last); ``head``: one head, 0-based, or
+    None for the mean over heads. An empty source or target gives no pairs.
+    """
+    model.eval()
+    translator = Translator(model, tokenizer, config or DecodeConfig())
+    src_ids = [translator.encode(s) for s in sources]  # cut to the model's positions, with a warning
+    if targets is None:
+        tgt_ids = [h[0].tokens for h in translator.translate_ids(src_ids)]
+    else:
+        if len(targets) != len(sources):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets: align needs one target per source")
+        tgt_ids = [translator.encode(t) for t in targets]
+    results: list[list[tuple[int, int]]] = [[] for _ in sources]
+    todo = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    device = next(model.parameters()).device
+    lengths = [max(len(src_ids[i]), len(tgt_ids[i])) for i in todo]
+    for batch in length_batches(lengths, max_tokens=max_tokens, max_sentences=256):
+        indices = [todo[j] for j in batch]
+        src, tgt_in, _ = (t.to(device) for t in collate(
+            [src_ids[i] for i in indices], [tgt_ids[i] for i in indices],
+            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+        ))  # (B, S), (B, T)
+        memory, src_mask, _ = model.encode(src)
+        _, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
+        cross = weights.cross[layer].float()  # (B, H, T, S)
+        cross = cross.mean(dim=1) if head is None else cross[:, head]  # (B, T, S)
+        for row, i in enumerate(indices):
+            src_pieces = tokenizer.pieces([*src_ids[i], tokenizer.eos_id])
+            tgt_pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
+            w = cross[row, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
+            results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
+    return results
+
+
+def pharaoh(pairs: list[tuple[int, int]]) -> str:
+    return " ".join(f"{s}-{t}" for s, t in pairs)
