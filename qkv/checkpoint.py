@@ -57,6 +57,7 @@ MANIFEST = "manifest.json"
 REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
 FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, MANIFEST))  # all a checkpoint may hold
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_LAYERS = 1000  # a config asking for more is refused before even a shape-only model is built
 LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
 
 
@@ -358,7 +359,14 @@ def load_weights(model: Transformer, weights: dict[str, torch.Tensor], where: st
     present = {storage[name] for name in weights if name in storage}
     missing = [name for name in missing if storage[name] not in present]  # tied to a loaded weight: fine
     if missing or unexpected:
-        raise CheckpointError(f"{where} does not match the model: missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(f"{where} does not match the model: missing {_some(missing)}; unexpected {_some(unexpected)}")
+
+
+def _some(names: list[str], k: int = 3) -> str:
+    """At most k names, and how many more: an error message stays one readable line."""
+    if not names:
+        return "none"
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
 def _to_json(value: Any) -> Any:
@@ -406,8 +414,11 @@ def _model_config(config: dict[str, Any], path: Path) -> ModelConfig:
 def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
     """Compare the config's parameter shapes with the weight file's header before allocating anything,
     so that a config asking for a huge model cannot allocate more than the file holds."""
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in Transformer(model_config).state_dict().items()}
+    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
+        raise CheckpointError(f"{weights}: its config asks for more than {MAX_LAYERS} layers: refused")
+    with torch.device("meta"):  # shapes without memory
+        meta = Transformer(model_config)
+    expected = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
     try:
         with safe_open(str(weights), framework="pt") as handle:
             stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
@@ -419,6 +430,21 @@ def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
         raise CheckpointError(
             f"{weights} does not match its config: {name} is {list(stored[name])}, the config makes it "
             f"{list(expected[name]) if name in expected else 'absent'}"
+        )
+    aliases: dict[int, list[str]] = {}  # a tied weight is stored under one of its names
+    for name, parameter in meta.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(parameter), []).append(name)
+    missing = [names[0] for names in aliases.values() if not any(n in stored for n in names)]
+    if missing:
+        raise CheckpointError(f"{weights} lacks {len(missing)} weights its config needs ({_some(missing)})")
+    # Everything the model will allocate, the positional table (not stored) included, against the file:
+    # a config may not ask for much more memory than the weights it comes with.
+    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
+    size = weights.stat().st_size
+    if needed > 2 * size + (64 << 20):
+        raise CheckpointError(
+            f"{weights}: its config asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
+            f"{size / 2**20:,.1f} MiB: refused before allocating"
         )
 
 

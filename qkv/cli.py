@@ -116,8 +116,18 @@ def _train(args: argparse.Namespace, ctx) -> int:
     ]:
         if value is not None:
             train_overrides[key] = value
-    if args.resume and (args.out or args.overwrite or args.config or args.dump_config or args.init_from):
-        raise ValueError("--resume continues the run as it was configured: leave out --out, --overwrite, --config, --dump-config and --init-from")
+    if args.resume:
+        ignored = [
+            flag for flag, value in [
+                ("--out", args.out), ("--overwrite", args.overwrite), ("--config", args.config),
+                ("--dump-config", args.dump_config), ("--init-from", args.init_from), ("--preset", args.preset),
+                ("--model", args.model), ("--data", args.data), ("--src", args.src), ("--tgt", args.tgt),
+                ("--data-dir", args.data_dir), ("--train-src", args.train_src), ("--train-tgt", args.train_tgt),
+                ("--valid-src", args.valid_src), ("--valid-tgt", args.valid_tgt),
+            ] if value
+        ]  # fmt: skip
+        if ignored:  # never silently: the run's model and data are those it was started with
+            raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
     if args.resume:
         trainer = Trainer.resume(args.resume, **train_overrides)
     else:
@@ -169,14 +179,14 @@ def _train(args: argparse.Namespace, ctx) -> int:
         return 0
     final = result.final
     print(f"stopped after {result.step} steps ({result.stopped_because})")
-    print(f"final (averaged) checkpoint: {result.run_dir / 'final'}")
+    print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
     print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
     return 0
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
-    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5, or 1 with --sampling)")
+    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5)")
     p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=10)
@@ -198,7 +208,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
-    p.add_argument("--sampling", action="store_true", help="draw each token at random instead of searching (beam 1)")
+    p.add_argument("--sampling", action="store_true", help="draw each token at random instead of searching (the beam defaults to 1)")
     p.add_argument("--temperature", type=float, default=1.0, help="with --sampling: softmax temperature (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="with --sampling: only the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --sampling: only the nucleus holding this probability")
