@@ -7,6 +7,7 @@ a person can check by eye that the month name attends to the month digits.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,8 +85,20 @@ def _check_demo_dir(out: Path) -> None:
         raise ValueError(
             f"--out {out} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}): choose a new directory"
         )
-    if any(out.iterdir()) and not is_run(out):  # a train.tsv of the user's own, say: never overwrite it
-        raise ValueError(f"--out {out} is not empty and holds no qkv run: choose a new directory")
+    if any(out.iterdir()) and not _is_demo_run(out):  # a train.tsv or a training run of the user's: never touch it
+        raise ValueError(f"--out {out} is not empty and holds no run of the demo: choose a new directory")
+
+
+def _is_demo_run(out: Path) -> bool:
+    """A run the demo trained: a qkv run whose checkpoints were trained on ``out/train.tsv``."""
+    if not is_run(out):
+        return False
+    configs = [out / name / checkpoint.CONFIG for name in ("last", "final") if (out / name / checkpoint.CONFIG).is_file()]
+    try:
+        data = [json.loads(c.read_text(encoding="utf-8")).get("data", {}) for c in configs]
+    except (OSError, ValueError):
+        return False
+    return bool(data) and all(d.get("train_src") == str(out / "train.tsv") for d in data)
 
 
 def run_demo(

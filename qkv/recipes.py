@@ -202,6 +202,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return config
 
 
+FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")  # model keys a run takes from its vocabulary
+
+
 def dump_config(preset: str, model: ModelConfig, train: TrainConfig, data: DataConfig) -> str:
     """The resolved config as a ``--config`` file (TOML) that gives the same configs back. Keys whose
     value is None (the default "not set") are written as comments."""
@@ -209,7 +212,10 @@ def dump_config(preset: str, model: ModelConfig, train: TrainConfig, data: DataC
     for name, config in (("model", model), ("train", train), ("data", data)):
         lines = [f"\n[{name}]"]
         for key, value in dataclasses.asdict(config).items():
-            lines.append(f"# {key} = (not set)" if value is None else f"{key} = {_toml_value(value)}")
+            if name == "model" and key in FROM_TOKENIZER:
+                lines.append(f"# {key}: set from the tokenizer when training starts")
+            else:
+                lines.append(f"# {key} = (not set)" if value is None else f"{key} = {_toml_value(value)}")
         sections.append("\n".join(lines))
     return "\n".join(sections) + "\n"
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import pytest
+
 from qkv.recipes import TrainConfig, build_configs, dump_config
+
+tomllib = pytest.importorskip("tomllib", reason="--config needs Python 3.11 (tomllib)")
 
 
 def qkv_train(*args: str | Path) -> subprocess.CompletedProcess:

@@ -62,7 +62,7 @@ def test_the_demo_never_writes_into_a_directory_of_other_files(tmp_path, capsys)
     assert (mine / "train.tsv").read_text() == "my own data\tmeine Daten\n" and len(list(mine.iterdir())) == 2
     (mine / "thesis.tex").unlink()  # only a file with a name the demo uses: still the user's
     assert main(["demo", "--out", str(mine), "--no-progress"]) == 2
-    assert "holds no qkv run" in capsys.readouterr().err
+    assert "holds no run of the demo" in capsys.readouterr().err
     assert (mine / "train.tsv").read_text() == "my own data\tmeine Daten\n"
 
 
@@ -77,3 +77,17 @@ def test_token_alignment_picks_the_most_attended_source_piece():
         torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 3, 3), cross,
     )
     assert token_alignment(capture) == [("0", "9", 0.699999988079071), ("5", "\u2581May", 0.699999988079071)]
+
+
+def test_the_demo_never_deletes_a_training_run(tiny_run, tmp_path, capsys):
+    """An interrupted (or finished) `qkv train` run is a qkv run, but not the demo's: left alone."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    shutil.rmtree(run / "final")  # as if stopped before the end, resumable
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for extra in ([], ["--retrain"]):
+        assert main(["demo", "--out", str(run), "--no-progress", *extra]) == 2
+        assert "holds no run of the demo" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before

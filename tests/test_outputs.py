@@ -166,3 +166,20 @@ def test_a_broken_or_crafted_checkpoint_is_a_one_line_error(ckpt, tmp_path):
         result = qkv("translate", "--checkpoint", broken, input="A dog.\n")
         refused(result, "translate", str(broken))
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["score", "align"])
+def test_score_and_align_outputs_keep_the_users_files(ckpt, tmp_path, command):
+    src, ref, out = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "out.txt"
+    src.write_text("A dog runs.\nTwo children play.\n", encoding="utf-8")
+    ref.write_text("Ein Hund rennt.\nZwei Kinder spielen.\n", encoding="utf-8")
+    out.write_text("my results\n", encoding="utf-8")
+    base = [command, "--checkpoint", ckpt, "-i", src, "-r", ref]
+    refused(qkv(*base, "-o", out), command, "exists; pass --force")
+    refused(qkv(*base, "-o", ref, "--force"), command, "is also the input")
+    assert out.read_text(encoding="utf-8") == "my results\n"
+    assert ref.read_text(encoding="utf-8") == "Ein Hund rennt.\nZwei Kinder spielen.\n"
+    result = qkv(*base, "-o", out, "--force")
+    assert result.returncode == 0, result.stderr
+    assert out.read_text(encoding="utf-8").count("\n") == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "ref.de", "src.en"]
