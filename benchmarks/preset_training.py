@@ -12,7 +12,8 @@ memory of the row (``VmHWM`` after resetting it through ``/proc/self/clear_refs`
 The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer with them off:
 ``tune_allocator`` (``qkv.speed``; off means glibc's own steady state, restored by
 ``qkv.speed.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
-``adam`` ("for": PyTorch's per-tensor loop).
+``adam`` ("for": PyTorch's per-tensor loop); ``fast_dropout`` (``qkv.speed.FastDropout``) is off by
+default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own.
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ from qkv import speed
 from qkv.data import collate
 from qkv.train import Trainer, build_configs
 
-OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for"}
-NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused"}
+OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False}
+NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False}
 ROWS = [  # (key, label, flags)
     ("today", "today's path (every speed-up off)", OLD),
     ("allocator", "+ glibc kept from returning memory (tune_allocator)", {**OLD, "tune_allocator": True}),
     ("fused_loss", "+ fused chunked projection and loss (fused_loss)", {**OLD, "fused_loss": True}),
     ("adam", "+ fused Adam (adam=fused)", {**OLD, "adam": "fused"}),
-    ("all", "all speed-ups (the default)", NEW),
+    ("fast_dropout", "+ dropout masks from 64-bit draws (fast_dropout, opt-in: other random draws)", {**OLD, "fast_dropout": True}),
+    ("all", "the exact speed-ups together (the default)", NEW),
+    ("all_fast_dropout", "the default + fast_dropout", {**NEW, "fast_dropout": True}),
     ("torch_transformer", "torch.nn.Transformer loop (pre-LN, same batches, tuned allocator, fused Adam)", None),
 ]
 
@@ -89,6 +92,10 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     """Put ``trainer`` back at its initial weights with a fresh Adam and the speed-ups in ``flags``."""
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
+    for module in list(trainer.model.modules()):  # nn.Dropout or speed.FastDropout, as the flag says
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.Dropout):
+                setattr(module, name, (speed.FastDropout if cfg.fast_dropout else torch.nn.Dropout)(child.p))
     trainer.model.load_state_dict(initial)
     trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                          **speed.adam_kernel(cfg.adam))

@@ -72,6 +72,7 @@ class TrainConfig:
     fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
+    fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:

@@ -90,6 +90,8 @@ class Trainer:
         )
         torch.manual_seed(train.seed)
         self.model = Transformer(self.model_config).to(self.device)
+        if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
+            speed.use_fast_dropout(self.model)
         self.train_model: torch.nn.Module = self.model
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
@@ -266,11 +268,9 @@ class Trainer:
             with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
-                if self.fused_loss:  # the output projection inside the loss, in chunks (qkv.loss)
-                    gen = self.model.generator
-                    loss_sum, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id, smoothing=cfg.label_smoothing)
-                else:
-                    loss_sum, _ = label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=cfg.label_smoothing)
+                gen, smoothing = self.model.generator, cfg.label_smoothing  # fused: the projection inside the loss, in chunks
+                loss_sum, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id, smoothing=smoothing) \
+                    if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
                 # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
                 (loss_sum / n_tokens * ctx.world_size).backward()
             loss_total += loss_sum.detach()

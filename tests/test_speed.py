@@ -16,6 +16,7 @@ from qkv.loss import label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.tasks import date_pairs
 from qkv.train import Trainer, build_configs
+from qkv.speed import FastDropout, use_fast_dropout
 
 PAD = 2
 
@@ -121,16 +122,16 @@ def dates_tsv(tmp_path_factory) -> Path:
     return path
 
 
-def trainer(run_dir: Path, data: Path, **train) -> Trainer:
+def trainer(run_dir: Path, data: Path, *, dropout: float = 0.0, **train) -> Trainer:
     model, train_cfg, data_cfg = build_configs(
-        "tiny", model={}, train={"threads": 1, **train}, data={"corpus": "files", "train_src": str(data), "vocab_size": 120}
+        "tiny", model={"dropout": dropout}, train={"threads": 1, **train}, data={"corpus": "files", "train_src": str(data), "vocab_size": 120}
     )
     return Trainer(run_dir, model, train_cfg, data_cfg)
 
 
 def test_the_speed_ups_are_on_by_default_and_each_can_be_turned_off():
     _, train, _ = build_configs("multi30k", model={}, train={}, data={})
-    assert (train.fused_loss, train.tune_allocator, train.adam) == (True, True, "fused")
+    assert (train.fused_loss, train.tune_allocator, train.adam, train.fast_dropout) == (True, True, "fused", False)
     with pytest.raises(ValueError, match="adam must be"):
         build_configs("multi30k", model={}, train={"adam": "sgd"}, data={})
 
@@ -141,7 +142,7 @@ def test_the_fast_path_trains_as_the_plain_path_does_to_float_tolerance(tmp_path
     whose gradient is near 0 moves by about +-lr on rounding noise alone, whichever path made it.)"""
     runs = {}
     for name, flags in [("plain", {"fused_loss": False, "adam": "for", "tune_allocator": False}), ("fast", {})]:
-        t = trainer(tmp_path / name, dates_tsv, **flags)
+        t = trainer(tmp_path / name, dates_tsv, dropout=0.1, **flags)
         assert t.fused_loss == (name == "fast")
         assert bool(t.optimizer.defaults["fused"]) == (name == "fast")
         batches = t.batches(0) + t.batches(1)
@@ -188,3 +189,55 @@ def test_a_tuned_glibc_reuses_a_freed_large_block_without_page_faults():
     assert tuned < pages / 100
     if "[always]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
         assert untuned > pages / 2  # with 4 KiB pages every page faults again
+
+
+# ---- fast dropout ------------------------------------------------------------------------------
+
+
+def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it():
+    torch.manual_seed(0)
+    x = torch.full((1000, 1000), 2.0, requires_grad=True)
+    y = FastDropout(0.3)(x)
+    dropped = (y == 0).double().mean().item()
+    assert abs(dropped - 0.3) < 5 * (0.3 * 0.7 / 1e6) ** 0.5  # five standard deviations of a binomial mean
+    assert torch.equal(y[y != 0], torch.full_like(y[y != 0], 2.0 / 0.7))
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, (y != 0) / 0.7)  # the gradient goes through the same mask, scaled alike
+    # the two 32-bit halves of each draw are independent: neighbours are dropped together p^2 of the time
+    pairs = (y.detach().reshape(-1, 2) == 0).all(1).double().mean().item()
+    assert abs(pairs - 0.09) < 5 * (0.09 * 0.91 / 5e5) ** 0.5
+
+
+def test_fast_dropout_follows_the_seed_and_is_the_identity_in_eval_mode():
+    x = torch.randn(7, 13)
+    d = FastDropout(0.5)
+    torch.manual_seed(3)
+    a = d(x)
+    torch.manual_seed(3)
+    assert torch.equal(d(x), a) and not torch.equal(a, x)
+    d.eval()
+    assert d(x) is x
+
+
+def test_use_fast_dropout_replaces_every_dropout_and_leaves_the_weights():
+    config = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.1,
+                         src_vocab_size=41, tgt_vocab_size=41, pad_id=PAD)
+    model = Transformer(config)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    n = sum(type(m) is torch.nn.Dropout for m in model.modules())
+    assert n > 0 and use_fast_dropout(model) == n
+    assert not any(type(m) is torch.nn.Dropout for m in model.modules())
+    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, FastDropout))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_run_with_fast_dropout_resumes_bitwise_exactly(tmp_path, dates_tsv):
+    whole = trainer(tmp_path / "whole", dates_tsv, dropout=0.1, fast_dropout=True, max_steps=10, eval_every=5)
+    assert any(isinstance(m, FastDropout) for m in whole.model.modules())
+    whole.run(progress=False)
+    trainer(tmp_path / "half", dates_tsv, dropout=0.1, fast_dropout=True, max_steps=5, eval_every=5).run(progress=False)
+    resumed = Trainer.resume(tmp_path / "half", max_steps=10)
+    assert any(isinstance(m, FastDropout) for m in resumed.model.modules())
+    resumed.run(progress=False)
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
