@@ -67,7 +67,7 @@ def untune_allocator() -> bool:
 def adam_kernel(kind: str) -> dict[str, bool]:
     """``torch.optim.Adam`` keywords for ``kind``: "fused" (one kernel over all tensors), "foreach"
     (one op per step of the update over the list of tensors) or "for" (PyTorch's per-tensor loop)."""
-    return {"fused": {"fused": True}, "foreach": {"foreach": True}, "for": {"foreach": False}}[kind]
+    return {"fused": kind == "fused", "foreach": kind == "foreach"}
 
 
 class _Dropout(torch.autograd.Function):

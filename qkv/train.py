@@ -142,6 +142,8 @@ class Trainer:
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
+        for group in trainer.optimizer.param_groups:  # the saved groups name the kernel they ran with
+            group.update(speed.adam_kernel(train.adam))
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
         trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
         trainer.saved_step = trainer.step

@@ -253,6 +253,14 @@ def test_a_run_with_fast_dropout_resumes_bitwise_exactly(tmp_path, dates_tsv):
     trainer(tmp_path / "half", dates_tsv, dropout=0.1, fast_dropout=True, max_steps=5, eval_every=5).run(progress=False)
     resumed = Trainer.resume(tmp_path / "half", max_steps=10)
     assert any(isinstance(m, FastDropout) for m in resumed.model.modules())
+    assert resumed.optimizer.param_groups[0]["fused"] is True
     resumed.run(progress=False)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_runs_adam_with_the_kernel_asked_for(tmp_path, dates_tsv):
+    trainer(tmp_path / "run", dates_tsv, max_steps=2, eval_every=2).run(progress=False)
+    for kind in ("for", "foreach", "fused"):
+        group = Trainer.resume(tmp_path / "run", adam=kind).optimizer.param_groups[0]
+        assert (group["fused"], group["foreach"]) == (kind == "fused", kind == "foreach")
