@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="small sizes and few steps: a check that everything runs")
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
     parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base")
+    parser.add_argument("--preset-rows", help="comma-separated rows of (b)'s preset part (default: all; today always runs)")
     parser.add_argument("--repeats", type=int, default=0, help="repeats of each (b) preset row (default: 3, smoke 2)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
     args = parser.parse_args(argv)
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             parts, section = [p.strip() for p in args.training.split(",") if p.strip()], {}
             if "preset" in parts:
                 section["preset"] = preset_training.run(smoke=args.smoke, data_dir=args.data_dir, peak_flops=peak, log=log,
-                                                        repeats=args.repeats)
+                                                        repeats=args.repeats,
+                                                        rows=args.preset_rows.split(",") if args.preset_rows else None)
             if "base" in parts:
                 section |= training.run(smoke=args.smoke, data_dir=args.data_dir,
                                         tokenizer_from=tokenizer if tokenizer and tokenizer.exists() else None,
