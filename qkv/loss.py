@@ -53,7 +53,9 @@ class _ProjectedLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, smoothing: float, chunk: int, need_grad: bool) -> Tensor:  # noqa: E501
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, smoothing: float, chunk: int, need_grad: bool
+    ) -> Tensor:
         N, V = hidden.size(0), weight.size(0)
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         grad_hidden = torch.empty_like(hidden) if need_grad else None
