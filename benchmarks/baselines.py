@@ -123,7 +123,7 @@ class TutorialTransformer(nn.Module):
 
 
 class TorchTransformer(nn.Module):
-    """``torch.nn.Transformer`` (post-LN, batch_first) between the same kind of embeddings and output layer."""
+    """``torch.nn.Transformer`` (post-LN unless ``config.norm_first``, batch_first) between the same kind of embeddings and output layer."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -134,7 +134,7 @@ class TorchTransformer(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.transformer = nn.Transformer(
             d_model=c.d_model, nhead=c.n_heads, num_encoder_layers=c.n_encoder_layers,
-            num_decoder_layers=c.n_decoder_layers, dim_feedforward=c.d_ff, dropout=c.dropout, batch_first=True,
+            num_decoder_layers=c.n_decoder_layers, dim_feedforward=c.d_ff, dropout=c.dropout, batch_first=True, norm_first=c.norm_first,
         )
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.generator.weight = self.embed.weight

@@ -3,7 +3,8 @@
     .venv/bin/python -m benchmarks.run --out benchmarks/results --checkpoint runs/en-de/final
     .venv/bin/python -m benchmarks.run --smoke --out /tmp/bench      # seconds: small sizes, few steps
 
-Sections: (a) attention, (b) training throughput, (c) translation (needs ``--checkpoint``; skipped
+Sections: (a) attention, (b) training throughput (``--training preset`` for the multi30k preset's
+rows alone: today's path, each speed-up, all, torch.nn.Transformer), (c) translation (needs ``--checkpoint``; skipped
 with a printed reason otherwise), (d) scaling. ``--only a,c`` runs some of them. Speed targets are
 printed as ratios; nothing here asserts a timing. The machine is described in both outputs, with the
 load average before and after each section, so a busy machine shows in the results.
@@ -21,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, scaling, training, translation
+from benchmarks import attention, preset_training, scaling, training, translation
 from benchmarks.baselines import matmul_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SECTIONS = {"a": "attention", "b": "training", "c": "translation", "d": "scaling"}
+TRAINING_PARTS = ("preset", "base")  # (b): the multi30k preset's speed-ups; the paper's base size against the baselines
 
 
 def machine() -> dict:
@@ -73,7 +75,10 @@ def markdown(results: dict) -> str:
         elif "error" in section:
             lines += [f"### {name}: failed ({section['error']})", ""]
         else:
-            lines += [modules[name].markdown(section), ""]
+            if "preset" in section:
+                lines += [preset_training.markdown(section["preset"]), ""]
+            if "rows" in section:
+                lines += [modules[name].markdown(section), ""]
     return "\n".join(lines)
 
 
@@ -84,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA), help="Multi30k directory")
     parser.add_argument("--smoke", action="store_true", help="small sizes and few steps: a check that everything runs")
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
+    parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base")
+    parser.add_argument("--preset-rows", help="comma-separated rows of (b)'s preset part (default: all; today always runs)")
+    parser.add_argument("--repeats", type=int, default=0, help="repeats of each (b) preset row (default: 3, smoke 2)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -113,9 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         if name == "attention":
             section = attention.run(smoke=args.smoke, threads=threads, log=log)
         elif name == "training":
-            section = training.run(smoke=args.smoke, data_dir=args.data_dir,
-                                   tokenizer_from=tokenizer if tokenizer and tokenizer.exists() else None,
-                                   peak_flops=peak, log=log)
+            parts, section = [p.strip() for p in args.training.split(",") if p.strip()], {}
+            if "preset" in parts:
+                section["preset"] = preset_training.run(smoke=args.smoke, data_dir=args.data_dir, peak_flops=peak, log=log,
+                                                        repeats=args.repeats,
+                                                        rows=args.preset_rows.split(",") if args.preset_rows else None)
+            if "base" in parts:
+                section |= training.run(smoke=args.smoke, data_dir=args.data_dir,
+                                        tokenizer_from=tokenizer if tokenizer and tokenizer.exists() else None,
+                                        peak_flops=peak, log=log)
         elif name == "translation":
             section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
                                       threads=threads, log=log)

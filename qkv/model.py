@@ -232,6 +232,19 @@ class Transformer(nn.Module):
         With a ``state``, ``tgt`` holds only the new tokens (usually T = 1), earlier positions come
         from the cache, and the state advances. Returns logits (B, T, V) and, if asked, weights.
         """
+        x, weights = self.decode_hidden(tgt, memory, src_mask, state=state, need_weights=need_weights)
+        return self.generator(x), weights  # (B, T, D) -> (B, T, V)
+
+    def decode_hidden(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        *,
+        state: DecoderState | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, AttentionWeights | None]:
+        """``decode`` without the output projection: the decoder's output (B, T, D) and weights."""
         offset = 0 if state is None else state.position
         x = self._embed(self.tgt_embed, tgt, offset)
         weights = AttentionWeights() if need_weights else None
@@ -243,13 +256,17 @@ class Transformer(nn.Module):
                 weights.cross.append(cross_w)
         if state is not None:
             state.position += tgt.size(1)
-        return self.generator(self.decoder_norm(x)), weights  # (B, T, D) -> (B, T, V)
+        return self.decoder_norm(x), weights
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher-forced logits: src (B, S), tgt (B, T) = BOS + target[:-1]. Returns (B, T, V)."""
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+        """Teacher-forced logits: src (B, S), tgt (B, T) = BOS + target[:-1]. Returns (B, T, V), or
+        with ``project=False`` the decoder's output before ``generator`` (B, T, D), for a loss that
+        applies the output projection itself (``qkv.loss.projected_label_smoothed_loss``)."""
         memory, src_mask, _ = self.encode(src)
-        logits, _ = self.decode(tgt, memory, src_mask)
-        return logits
+        if project:
+            logits, _ = self.decode(tgt, memory, src_mask)
+            return logits
+        return self.decode_hidden(tgt, memory, src_mask)[0]
 
     def new_state(self) -> DecoderState:
         return DecoderState.empty(len(self.decoder_layers))

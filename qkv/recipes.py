@@ -72,6 +72,11 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: PyTorch's default
     on_nan: Literal["skip", "stop"] = "skip"
+    # Speed (qkv.speed, README "Benchmarks"); each can be turned off to run the earlier, slower path.
+    fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
+    tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
+    adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
+    fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
@@ -86,6 +91,8 @@ class TrainConfig:
             raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
         if not 0 <= self.cooldown <= 1:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
+        if self.adam not in ("fused", "foreach", "for"):
+            raise ValueError(f"adam must be fused, foreach or for, got {self.adam!r}")
         if self.measure_steps < 0:
             raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
         if self.time_budget and self.cooldown == 1:

@@ -28,12 +28,12 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv import checkpoint, distributed
+from qkv import checkpoint, distributed, speed
 from qkv.config import ModelConfig, config_from_dict
 from qkv.data import collate, encode_corpus, token_batches
 from qkv.decode import DecodeConfig
 from qkv.evaluate import score
-from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
 from qkv.rundir import RunLog, clear_run, plot_curves, step_dirs
@@ -73,6 +73,8 @@ class Trainer:
         self.device = self.dist.device
         if train.threads:
             torch.set_num_threads(train.threads)
+        if train.tune_allocator:  # process-wide, from here on (qkv.speed)
+            speed.tune_allocator()
         self.train_data, self.valid_data = load_corpora(data)
         self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +99,8 @@ class Trainer:
         self.init_from = None if init_from is None else str(init_from.path)
         if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
             checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
+        if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
+            speed.use_fast_dropout(self.model)
         self.train_model: torch.nn.Module = self.model
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
@@ -107,9 +111,10 @@ class Trainer:
         self.autocast = train.bf16 and self.device.type == "cuda"
         if train.bf16 and not self.autocast and self.dist.is_main:
             warnings.warn("bf16 needs a GPU: training on the CPU stays in float32", stacklevel=2)
+        self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-            weight_decay=train.weight_decay,
+            weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)
         )
         max_len = min(data.max_len, self.model_config.max_len - 1)
         self.train_ids = encode_corpus(tok, self.train_data, max_len)
@@ -152,6 +157,8 @@ class Trainer:
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
+        for group in trainer.optimizer.param_groups:  # the saved groups name the kernel they ran with
+            group.update(speed.adam_kernel(train.adam))
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
         trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
         trainer.saved_step = trainer.step
@@ -277,8 +284,10 @@ class Trainer:
             is_last = i == len(inputs) - 1
             with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                    logits = self.train_model(src, tgt_in)
-                loss_sum, _ = label_smoothed_loss(logits, tgt_out, pad_id=tok.pad_id, smoothing=cfg.label_smoothing)
+                    out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
+                gen, smoothing = self.model.generator, cfg.label_smoothing  # fused: the projection inside the loss, in chunks
+                loss_sum, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id, smoothing=smoothing) \
+                    if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
                 # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
                 (loss_sum / n_tokens * ctx.world_size).backward()
             loss_total += loss_sum.detach()

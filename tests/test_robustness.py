@@ -89,15 +89,20 @@ def test_doctor_resume_runs_the_kill_and_resume_check(monkeypatch, capsys):
 
 def inject_nan_at(monkeypatch, trainer: Trainer, step: int) -> None:
     """Make the loss of optimizer step ``step`` (1-based) NaN, as an overflow would."""
-    real = train_module.label_smoothed_loss
+    poison_loss(monkeypatch, lambda: trainer.step + 1 == step and trainer.model.training, float("nan"))
 
-    def loss(*args, **kwargs):
-        value, count = real(*args, **kwargs)
-        if trainer.step + 1 == step and trainer.model.training:
-            value = value * float("nan")
-        return value, count
 
-    monkeypatch.setattr(train_module, "label_smoothed_loss", loss)
+def poison_loss(monkeypatch, when, factor: float) -> None:
+    """Multiply the training loss by ``factor`` whenever ``when()``, whichever loss the trainer uses
+    (the plain one on logits, or the fused one with the output projection)."""
+    for name in ("label_smoothed_loss", "projected_label_smoothed_loss"):
+        real = getattr(train_module, name)
+
+        def loss(*args, real=real, **kwargs):
+            value, count = real(*args, **kwargs)
+            return (value * factor if when() else value), count
+
+        monkeypatch.setattr(train_module, name, loss)
 
 
 def test_a_nan_loss_skips_the_step_and_leaves_weights_and_adam_alone(monkeypatch, tmp_path, dates_tsv):
@@ -161,8 +166,7 @@ def test_on_nan_stop_ends_the_run_with_a_clear_message_and_keeps_the_last_checkp
 
 
 def test_on_nan_stop_through_the_cli_is_one_line(monkeypatch, tmp_path, dates_tsv, capsys):
-    real = train_module.label_smoothed_loss
-    monkeypatch.setattr(train_module, "label_smoothed_loss", lambda *a, **k: (real(*a, **k)[0] * float("inf"), real(*a, **k)[1]))
+    poison_loss(monkeypatch, lambda: True, float("inf"))
     status = main(["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(tmp_path / "run"),
                    "--no-progress", "--train", "on_nan=stop"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,0 +1,120 @@
+"""What decides how fast the CPU trains, besides the arithmetic: the C allocator's settings, Adam's
+kernel, and where dropout's random bits come from.
+
+A training step frees and allocates the same large tensors every step (a batch's activations, the
+vocabulary-sized gradient of the output layer). glibc's malloc serves blocks over its mmap threshold
+(at most 32 MiB, after its dynamic adjustment) with ``mmap`` and gives them back to the kernel on
+``free``; the next step touches fresh pages and takes a page fault on each 4 KiB of them. Measured
+on the multi30k preset (README, benchmark (b)): tens of thousands of faults per step and a fifth of
+the CPU time in the kernel. Telling glibc to keep what it has (no mmap, no trimming of the heap's
+top) removes them; the memory the process holds is then its peak, as a caching allocator's is.
+
+Nothing here runs at import: ``Trainer`` calls ``tune_allocator`` when training starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+from torch import Tensor, nn
+
+# mallopt parameters from glibc's <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+TRIM_THRESHOLD = 1 << 30  # free memory kept at the heap's top before it is given back (1 GiB)
+# glibc's own settings once its dynamic threshold has grown to the maximum (the state of a process
+# that has freed a block of 32 MiB): what every training step met before tune_allocator existed.
+GLIBC_STEADY_STATE = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 64 << 20, M_MMAP_MAX: 65536}
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (the only one whose ``mallopt`` we know), else None."""
+    try:
+        libc = ctypes.CDLL(None)
+        version = libc.gnu_get_libc_version  # absent from musl, macOS and Windows
+    except (OSError, AttributeError):
+        return None
+    version.restype = ctypes.c_char_p
+    return libc if version() else None
+
+
+def _mallopt(settings: dict[int, int]) -> bool:
+    libc = _glibc()
+    if libc is None:
+        return False
+    return all(libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 for param, value in settings.items())
+
+
+def tune_allocator() -> bool:
+    """Stop glibc from returning large freed blocks to the kernel (no mmap for large blocks, trim
+    only past 1 GiB free at the heap's top), as ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1073741824``
+    would at start-up. Process-wide and idempotent; returns whether it applied (False when the C
+    library is not glibc, e.g. musl or macOS, where nothing changes)."""
+    return _mallopt({M_MMAP_MAX: 0, M_TRIM_THRESHOLD: TRIM_THRESHOLD})
+
+
+def untune_allocator() -> bool:
+    """Put glibc back into its steady state before ``tune_allocator`` (for benchmarks that compare
+    both in one process) and give the free heap back to the kernel."""
+    applied = _mallopt(GLIBC_STEADY_STATE)
+    if applied:
+        _glibc().malloc_trim(ctypes.c_size_t(0))
+    return applied
+
+
+def adam_kernel(kind: str) -> dict[str, bool]:
+    """``torch.optim.Adam`` keywords for ``kind``: "fused" (one kernel over all tensors), "foreach"
+    (one op per step of the update over the list of tensors) or "for" (PyTorch's per-tensor loop)."""
+    return {"fused": kind == "fused", "foreach": kind == "foreach"}
+
+
+class _Dropout(torch.autograd.Function):
+    """Inverted dropout whose mask comes from 32-bit random integers, two per 64-bit draw."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        n = x.numel()
+        # Uniform over all 2^64 values (randint's upper bound is exclusive; missing one value in 2^64
+        # changes nothing measurable), seen as two independent uniform int32 each.
+        bits = torch.randint(-(2**63), 2**63 - 1, ((n + 1) // 2,), dtype=torch.int64, device=x.device).view(torch.int32)
+        # keep where u >= p for u = (bits + 2^31) / 2^32, uniform on [0, 1) in steps of 2^-32
+        keep = (bits[:n] >= round(p * 2**32) - 2**31).view(x.shape)  # bool, like x
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return torch.mul(x, keep).mul_(ctx.scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.mul(grad, keep).mul_(ctx.scale), None
+
+
+class FastDropout(nn.Dropout):
+    """``nn.Dropout`` with the same distribution (each element kept with probability 1 - p, to 2^-32,
+    and scaled by 1 / (1 - p)) from a faster source of random bits: on the CPU, PyTorch draws the
+    mask element by element (``bernoulli_``, a fifth of the multi30k preset's step, measured); this
+    draws 64 random bits per two elements from the same generator (so ``torch.manual_seed`` and a
+    checkpoint's saved generator state make it reproducible). The draws differ from ``nn.Dropout``'s:
+    a run trains as the same model with other random masks, not as the same numbers."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if self.p == 1:
+            return x * 0.0
+        return _Dropout.apply(x, self.p)
+
+
+def use_fast_dropout(model: nn.Module) -> int:
+    """Replace every ``nn.Dropout`` in ``model`` by a ``FastDropout`` of the same p (no weights move:
+    checkpoints are unchanged); returns how many were replaced."""
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is nn.Dropout:
+                setattr(module, name, FastDropout(child.p))
+                replaced += 1
+    return replaced
