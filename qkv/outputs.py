@@ -1,10 +1,11 @@
 """Writing a user's output files without ever destroying one they did not ask to replace.
 
-Every command that writes a file the user names (``translate -o``, ``evaluate --save``, ``attend
---out``/``--json``) goes through ``output_file``: an existing file is refused unless the user passed
-``--force``; a file that is also an input is always refused (writing it would truncate it before it
-is read); and the new content goes to a temporary file in the same directory that replaces the
-target only once it is complete, so a crash or a full disk leaves the previous file as it was.
+Every command that writes a file the user names (``translate -o``, ``evaluate --save``, ``score -o``,
+``align -o``, ``attend --json``) goes through ``output_file``: an existing file is refused unless the
+user passed ``--force``; a file that is also an input is always refused (writing it would truncate it
+before it is read); and the new content goes to a temporary file in the same directory that replaces
+the target only once it is complete, so a crash or a full disk leaves the previous file as it was.
+(``attend``'s pictures are checked with ``check_output`` and written in place by matplotlib.)
 """
 
 from __future__ import annotations
