@@ -116,32 +116,30 @@ def _train(args: argparse.Namespace, ctx) -> int:
     ]:
         if value is not None:
             train_overrides[key] = value
+    data = parse_overrides(args.data)
+    for key, value in [
+        ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
+        ("train_src", args.train_src), ("train_tgt", args.train_tgt),
+        ("valid_src", args.valid_src), ("valid_tgt", args.valid_tgt),
+    ]:
+        if value is not None:
+            data[key] = value
+    if args.train_src:
+        data["corpus"] = "files"
     if args.resume:
         ignored = [
             flag for flag, value in [
                 ("--out", args.out), ("--overwrite", args.overwrite), ("--config", args.config),
-                ("--dump-config", args.dump_config), ("--init-from", args.init_from), ("--preset", args.preset),
-                ("--model", args.model), ("--data", args.data), ("--src", args.src), ("--tgt", args.tgt),
-                ("--data-dir", args.data_dir), ("--train-src", args.train_src), ("--train-tgt", args.train_tgt),
-                ("--valid-src", args.valid_src), ("--valid-tgt", args.valid_tgt),
+                ("--dump-config", args.dump_config), ("--init-from", args.init_from),
             ] if value
         ]  # fmt: skip
-        if ignored:  # never silently: the run's model and data are those it was started with
+        if ignored:
             raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
-    if args.resume:
+        if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
+            _check_resume_agrees(args.resume, *build_configs(args.preset or "multi30k", model=parse_overrides(args.model), train={}, data=data))
         trainer = Trainer.resume(args.resume, **train_overrides)
     else:
         file = read_config_file(args.config) if args.config else {}
-        data = parse_overrides(args.data)
-        for key, value in [
-            ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
-            ("train_src", args.train_src), ("train_tgt", args.train_tgt),
-            ("valid_src", args.valid_src), ("valid_tgt", args.valid_tgt),
-        ]:
-            if value is not None:
-                data[key] = value
-        if args.train_src:
-            data["corpus"] = "files"
         preset = args.preset or file.get("preset", "multi30k")
         model = {**file.get("model", {}), **parse_overrides(args.model)}
         parent = checkpoint.load(args.init_from) if args.init_from else None
@@ -182,6 +180,28 @@ def _train(args: argparse.Namespace, ctx) -> int:
     print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
     print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
     return 0
+
+
+def _check_resume_agrees(run: str, model, _train, data) -> None:
+    """Model and data flags given with --resume must describe the run as it was started: they cannot
+    change it (its weights and its position in the data depend on them), and are never ignored silently."""
+    from dataclasses import asdict
+
+    from qkv import checkpoint
+    from qkv.recipes import FROM_TOKENIZER
+
+    saved = checkpoint.read_config(Path(run) / "last")
+    changes = [
+        f"{key} ({saved[section].get(key)!r} -> {value!r})"
+        for section, config in (("model", model), ("data", data))
+        for key, value in asdict(config).items()
+        if key not in FROM_TOKENIZER and saved[section].get(key) != value
+    ]
+    if changes:
+        raise ValueError(
+            f"--resume cannot change {', '.join(changes[:3])}{' and more' if len(changes) > 3 else ''}: "
+            "the run keeps the model and data it started with; leave out --preset, --model and the data flags"
+        )
 
 
 def _decode_args(p: argparse.ArgumentParser) -> None:

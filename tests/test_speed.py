@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -167,43 +163,6 @@ def test_the_trainer_tunes_the_allocator_unless_told_not_to(monkeypatch, tmp_pat
     assert calls == []
     trainer(tmp_path / "on", dates_tsv)
     assert calls == [1]
-
-
-FAULTS_SCRIPT = """
-import json, resource, sys, torch
-from qkv import speed
-
-def faults_to_touch(n_bytes):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    block = torch.empty(n_bytes // 4, dtype=torch.float32)
-    block.fill_(1.0)  # touch every page
-    del block
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-size = 64 << 20  # a vocabulary-sized gradient: over glibc's 32 MiB mmap limit
-faults_to_touch(size)
-untuned = faults_to_touch(size)  # glibc as it starts: mmapped, given back at free, faulted in again
-applied = speed.tune_allocator()
-faults_to_touch(size)  # the first time, the heap grows: these faults are unavoidable
-tuned = faults_to_touch(size)
-print(json.dumps({"applied": applied, "untuned": untuned, "tuned": tuned}))
-"""
-
-
-@pytest.mark.skipif(speed._glibc() is None, reason="mallopt settings apply to glibc only")
-def test_a_tuned_glibc_reuses_a_freed_large_block_without_page_faults():
-    """In a fresh process, as at the start of ``qkv train``."""
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    for name in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD"):
-        env.pop(name, None)  # glibc as it starts by default
-    out = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], env=env, capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    pages = (64 << 20) // 4096
-    assert result["applied"]
-    assert result["tuned"] < pages / 100, result
-    if "[always]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
-        assert result["untuned"] > pages / 2, result  # with 4 KiB pages every page faults again
 
 
 # ---- fast dropout ------------------------------------------------------------------------------
