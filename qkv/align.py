@@ -50,7 +50,7 @@ def align(
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T)
         memory, src_mask, _ = model.encode(src)
-        _, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
+        _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed
         cross = weights.cross[layer].float()  # (B, H, T, S)
         cross = cross.mean(dim=1) if head is None else cross[:, head]  # (B, T, S)
         for row, i in enumerate(indices):
