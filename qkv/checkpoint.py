@@ -158,10 +158,9 @@ def _regular_file(path: Path, hint: str) -> os.stat_result:
     return info
 
 
-def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
-    """The validated ``files`` table of ``directory/manifest.json``."""
+def _manifest(directory: Path, hint: str = "") -> dict[str, dict[str, Any]]:
+    """The validated ``files`` table of ``directory/manifest.json``; ``hint`` ends its error messages."""
     path = directory / MANIFEST
-    hint = _other_checkpoints(directory)
     if not path.exists() and not path.is_symlink():
         raise CheckpointError(
             f"{directory} has no {MANIFEST}, so its files cannot be verified: refused "
@@ -198,7 +197,7 @@ def verify(directory: str | Path) -> None:
     """
     directory = Path(directory)
     hint = _other_checkpoints(directory)
-    for name, entry in _manifest(directory).items():
+    for name, entry in _manifest(directory, hint).items():
         file = directory / name
         size = _regular_file(file, hint).st_size
         if size != entry["bytes"]:
@@ -502,11 +501,11 @@ def average(directories: list[Path]) -> dict[str, torch.Tensor]:
     if not directories:
         raise CheckpointError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
-    first_dir = resolve(directories[0])
-    first_model = read_config(first_dir)["model"]
+    first_dir, first_model = resolve(directories[0]), None
     for directory in directories:
         directory = resolve(directory)
         config = read_config(directory)  # verifies every file first
+        first_model = first_model or config["model"]
         if config["model"] != first_model:
             raise CheckpointError(f"{directory} has another model config than {first_dir}: checkpoints of different models cannot be averaged")
         _check_shapes(_model_config(config, directory / CONFIG), directory / WEIGHTS)

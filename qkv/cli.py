@@ -240,7 +240,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
 def translate(args: argparse.Namespace) -> int:
     import contextlib
 
-    from qkv.outputs import check_output, output_file
+    from qkv.outputs import check_output, output_or_stdout
     from qkv.translate import Translator, translate_stream
 
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
@@ -252,7 +252,7 @@ def translate(args: argparse.Namespace) -> int:
         else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
             source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
         # The output file appears, whole, when the last line is translated.
-        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=(args.input,))) if args.output else sys.stdout
+        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,)))
         translate_stream(translator, source, sink, name=name, n_best=args.n_best)
     return 0
 

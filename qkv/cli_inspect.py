@@ -65,11 +65,9 @@ def _score_args(p: argparse.ArgumentParser) -> None:
 
 @command("score", "forced decoding: the model's log-probability of given translations, and perplexity", _score_args)
 def score_command(args: argparse.Namespace) -> int:
-    import contextlib
-
     from qkv import checkpoint
     from qkv.data import read_parallel
-    from qkv.outputs import check_output, output_file
+    from qkv.outputs import check_output, output_or_stdout
     from qkv.score import perplexity, score_pairs
 
     inputs = (args.input, args.reference)
@@ -78,8 +76,7 @@ def score_command(args: argparse.Namespace) -> int:
     loaded = checkpoint.load(args.checkpoint)
     pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
     scores = score_pairs(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, max_tokens=args.batch_tokens)
-    with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=inputs)) if args.output else sys.stdout
+    with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
         sink.writelines(s.line(tokens=args.tokens) + "\n" for s in scores)
     tokens = sum(s.n_tokens for s in scores)
     print(f"scored {len(scores)} pairs, {tokens} target tokens (EOS included): perplexity {perplexity(scores):.3f}", file=sys.stderr)
@@ -98,12 +95,10 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 
 @command("align", "word alignments from cross-attention, one line per sentence pair, in the Pharaoh format", _align_args)
 def align_command(args: argparse.Namespace) -> int:
-    import contextlib
-
     from qkv import checkpoint
     from qkv.align import align, pharaoh
-    from qkv.data import read_parallel
-    from qkv.outputs import check_output, output_file
+    from qkv.data import read_lines, read_parallel
+    from qkv.outputs import check_output, output_or_stdout
 
     inputs = (args.input, args.reference)
     if args.output:
@@ -118,14 +113,13 @@ def align_command(args: argparse.Namespace) -> int:
         pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
         sources, targets = pairs.src, pairs.tgt
     else:
-        sources, targets = read_parallel(args.input, args.input, keep_empty=True).src, None
+        sources, targets = read_lines(Path(args.input)), None
     alignments = align(
         loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
         head=None if args.head is None else args.head - 1, config=_decode_config(args),
         max_tokens=args.batch_tokens * args.beam,
     )
-    with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(output_file(args.output, force=args.force, inputs=inputs)) if args.output else sys.stdout
+    with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)
     return 0
 

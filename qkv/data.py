@@ -61,7 +61,7 @@ class ParallelCorpus:
 # ---- reading files ---------------------------------------------------------------------------
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``), without line ends."""
     opener = gzip.open if path.suffix == ".gz" else open
     lines = []
@@ -112,7 +112,7 @@ def read_parallel(
     with ``keep_empty`` (a test set: line N in must stay line N out) every line is kept as it is.
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
-    src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
         raise DataError(
             f"line counts differ: {src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
@@ -133,7 +133,7 @@ def read_tsv(path: str | Path, *, name: str | None = None) -> ParallelCorpus:
     """
     path = Path(path)
     pairs = []
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             pairs.append(("", ""))
             continue

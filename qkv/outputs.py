@@ -10,7 +10,9 @@ the target only once it is complete, so a crash or a full disk leaves the previo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,3 +55,10 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def output_or_stdout(path: str | Path | None, *, force: bool, inputs: tuple[str | Path | None, ...] = ()):
+    """``output_file(path)`` when the user named a file, else standard output (left open)."""
+    if path is None:
+        return contextlib.nullcontext(sys.stdout)
+    return output_file(path, force=force, inputs=inputs)

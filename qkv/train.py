@@ -366,7 +366,8 @@ class Trainer:
         self.save(self.run_dir / "last", rank_rng=rank_rng)
         # Old step checkpoints go only once every save has succeeded: a full disk keeps them all.
         for old in step_dirs(self.run_dir)[: -self.train_cfg.keep_last]:
-            shutil.rmtree(old)
+            if checkpoint.is_checkpoint_dir(old):  # a step-N directory holding other files is not ours
+                shutil.rmtree(old)
         plot_curves(self.log.records, self.run_dir / "curves.png")
         return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
 
@@ -391,7 +392,7 @@ class Trainer:
         tried: dict[str, float] = {}
         try:
             for k in range(min(self.train_cfg.average_last, len(dirs)), 0, -1):
-                if k == 1 and newest is not None and newest["step"] == int(dirs[-1].name.split("-")[1]):
+                if k == 1 and newest is not None and newest["step"] == checkpoint.step_number(dirs[-1]):
                     state, metrics = None, {key: newest[key] for key in ("valid_loss", "bleu", "bleu_lc", "chrf")}
                 else:
                     state = checkpoint.average(dirs[-k:]) if k > 1 else None
