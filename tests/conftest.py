@@ -45,3 +45,25 @@ def tiny_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     Trainer(run_dir, model, train, data).run(progress=False)
     return run_dir
+
+
+RANDOM_MODEL_SENTENCES = ["A dog runs across the green field.", "Ein Hund rennt über die grüne Wiese.",
+                          "Two children play with a red ball.", "Zwei Kinder spielen mit einem roten Ball."] * 8
+
+
+@pytest.fixture(scope="session")
+def random_checkpoint(tmp_path_factory) -> Path:
+    """A random tiny model with a real 60-piece tokenizer, saved as a checkpoint: it translates and
+    scores (nonsense) in milliseconds, for tests of the commands around a model."""
+    import torch
+
+    from qkv import checkpoint
+    from qkv.config import model_preset
+    from qkv.model import Transformer
+    from qkv.tokenizer import Tokenizer
+
+    where = tmp_path_factory.mktemp("random-model")
+    tok = Tokenizer.train(RANDOM_MODEL_SENTENCES, vocab_size=60, path=where / "spm.model")
+    torch.manual_seed(0)
+    config = model_preset("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    return checkpoint.save(where / "model", Transformer(config), tok, configs={"data": {"src_lang": "en", "tgt_lang": "de"}})

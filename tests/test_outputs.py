@@ -13,15 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from qkv import checkpoint
-from qkv.config import model_preset
-from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
 
-SENTENCES = ["A dog runs across the green field.", "Ein Hund rennt über die grüne Wiese.",
-             "Two children play with a red ball.", "Zwei Kinder spielen mit einem roten Ball."] * 8
 
 
 def qkv(*args: str | Path, input: str | None = None) -> subprocess.CompletedProcess:
@@ -35,13 +29,8 @@ def refused(result: subprocess.CompletedProcess, command: str, message: str) -> 
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    """A random tiny model with a real tokenizer: translates (nonsense) in milliseconds."""
-    where = tmp_path_factory.mktemp("ckpt")
-    tok = Tokenizer.train(SENTENCES, vocab_size=60, path=where / "spm.model")
-    torch.manual_seed(0)
-    config = model_preset("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    return checkpoint.save(where / "model", Transformer(config), tok, configs={"data": {"src_lang": "en", "tgt_lang": "de"}})
+def ckpt(random_checkpoint) -> Path:
+    return random_checkpoint
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

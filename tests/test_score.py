@@ -11,24 +11,17 @@ import pytest
 import torch
 
 from qkv import checkpoint
-from qkv.config import model_preset
 from qkv.model import Transformer
 from qkv.score import perplexity, score_pairs
 from qkv.tokenizer import Tokenizer
 
-SENTENCES = ["A dog runs across the green field.", "Ein Hund rennt über die grüne Wiese.",
-             "Two children play with a red ball.", "Zwei Kinder spielen mit einem roten Ball."] * 8
 SOURCES = ["A dog runs.", "", "Two children play with a red ball on the green field.", "A ball."]
 TARGETS = ["Ein Hund rennt.", "Ein Satz ohne Quelle.", "Zwei Kinder spielen.", ""]
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    where = tmp_path_factory.mktemp("score")
-    tok = Tokenizer.train(SENTENCES, vocab_size=60, path=where / "spm.model")
-    torch.manual_seed(0)
-    config = model_preset("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    return checkpoint.save(where / "model", Transformer(config), tok)
+def ckpt(random_checkpoint) -> Path:
+    return random_checkpoint
 
 
 def direct_log_probs(model: Transformer, tok: Tokenizer, source: str, target: str) -> list[float]:
