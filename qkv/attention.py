@@ -17,7 +17,64 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-KVCache = dict[str, Tensor]
+
+class KVCache:
+    """The keys and values a layer has computed so far, kept for incremental decoding.
+
+    Self-attention appends each step's keys and values in place, into buffers with room for
+    ``capacity`` positions (doubled when a step would overflow them). Beam search reorders and
+    drops rows every step: ``reorder`` copies only the filled positions of the kept rows into a
+    spare pair of buffers, which then take the place of the first. Cross-attention ``store``s the
+    projected memory once. ``k``, ``v``: (N, H, length, d) views of the filled positions.
+    """
+
+    def __init__(self, capacity: int = 16) -> None:
+        self.capacity = max(1, capacity)
+        self.length = 0
+        self._buffers: tuple[Tensor, Tensor] | None = None  # (N, H, capacity, d) each, rows may exceed N
+        self._spare: tuple[Tensor, Tensor] | None = None
+        self.rows = 0
+
+    @property
+    def k(self) -> Tensor:
+        return self._buffers[0][: self.rows, :, : self.length]
+
+    @property
+    def v(self) -> Tensor:
+        return self._buffers[1][: self.rows, :, : self.length]
+
+    def __bool__(self) -> bool:
+        return self._buffers is not None
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Hold ``k`` (N, H, n, d_k) and ``v`` (N, H, n, d_v) as they are (cross-attention's memory)."""
+        self._buffers, self._spare, self.rows, self.length = (k, v), None, k.size(0), k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the keys (N, H, m, d_k) and values (N, H, m, d_v) of m new positions after the
+        cached ones; return all keys and values so far, (N, H, length + m, d)."""
+        end = self.length + k.size(2)
+        if self._buffers is None or end > self._buffers[0].size(2):
+            capacity = max(self.capacity, 2 * end) if self._buffers is not None else max(self.capacity, end)
+            grown = tuple(x.new_empty(x.size(0), x.size(1), capacity, x.size(3)) for x in (k, v))
+            if self._buffers is not None:
+                for new, old in zip(grown, (self.k, self.v)):
+                    new[:, :, : self.length] = old
+            self._buffers, self._spare, self.rows = grown, None, k.size(0)
+        for buffer, x in zip(self._buffers, (k, v)):
+            buffer[: self.rows, :, self.length : end] = x
+        self.length = end
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (in that order) of the cached keys and values."""
+        if self._buffers is None:
+            return
+        if self._spare is None or self._spare[0].size(0) < index.numel() or self._spare[0].size(2) != self._buffers[0].size(2):
+            self._spare = tuple(x.new_empty(max(index.numel(), x.size(0)), *x.shape[1:]) for x in self._buffers)
+        for spare, cached in zip(self._spare, (self.k, self.v)):
+            torch.index_select(cached, 0, index, out=spare[: index.numel(), :, : self.length])
+        self._buffers, self._spare, self.rows = self._spare, self._buffers, index.numel()
 
 
 def causal_mask(m: int, n: int, device: torch.device | None = None) -> Tensor:
@@ -46,7 +103,7 @@ def scaled_dot_product_attention(
     weights (..., m, n) (before dropout), else None. Without weights PyTorch's fused kernel runs.
     """
     m, n = q.size(-2), k.size(-2)
-    if causal:
+    if causal and m > 1:  # a single query is the newest position: it sees every key
         future = causal_mask(m, n, q.device)  # (m, n)
         mask = future if mask is None else mask & future
 
@@ -72,6 +129,18 @@ def scaled_dot_product_attention(
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
     return out, weights
+
+
+def fold_groups(x: Tensor, G: int) -> Tensor:
+    """(B*G, H, m, d) -> (B, H, G*m, d): the queries of G consecutive rows side by side."""
+    BG, H, m, d = x.shape
+    return x.view(BG // G, G, H, m, d).transpose(1, 2).reshape(BG // G, H, G * m, d)
+
+
+def unfold_groups(x: Tensor, G: int) -> Tensor:
+    """(B, H, G*m, d) -> (B*G, H, m, d), the inverse of ``fold_groups``."""
+    B, H, Gm, d = x.shape
+    return x.view(B, H, G, Gm // G, d).transpose(1, 2).reshape(B * G, H, Gm // G, d)
 
 
 class MultiHeadAttention(nn.Module):
@@ -129,9 +198,11 @@ class MultiHeadAttention(nn.Module):
         """Self-attention when ``memory`` is None, otherwise cross-attention over ``memory``.
 
         query: (B, m, D); memory: (B, n, D); key_mask: (B, n) bool, True for real (unpadded) keys.
-        cache: a dict this layer fills for incremental decoding. For self-attention the new keys
-        and values are appended to it each call; for cross-attention the memory is projected on
-        the first call and the cached keys and values are reused after that.
+        In cross-attention the query may hold G rows per memory row, (B*G, m, D): the G beams of a
+        sentence in beam search, which share that sentence's memory (and its cached keys and values).
+        cache: a ``KVCache`` this layer fills for incremental decoding. For self-attention the new
+        keys and values are appended to it each call; for cross-attention the memory is projected
+        on the first call and the cached keys and values are reused after that.
         Returns the output (B, m, D) and, if ``need_weights``, per-head weights (B, H, m, n).
         """
         Hk = self.n_heads * self.d_k
@@ -139,21 +210,25 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.in_proj(query).split([Hk, Hk, self.n_heads * self.d_v], dim=-1)
             k, v = self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)  # (B, H, m, d)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (B, H, past + m, d_k)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = cache.append(k, v)  # (B, H, past + m, d)
         else:
             q = F.linear(query, self.in_proj.weight[:Hk], None if self.in_proj.bias is None else self.in_proj.bias[:Hk])
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
+            if cache:
+                k, v = cache.k, cache.v
             else:
                 w, b = self.in_proj.weight[Hk:], None if self.in_proj.bias is None else self.in_proj.bias[Hk:]
                 k, v = F.linear(memory, w, b).split([Hk, self.n_heads * self.d_v], dim=-1)
                 k, v = self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)  # (B, H, n, d)
                 if cache is not None:
-                    cache["k"], cache["v"] = k, v
+                    cache.store(k, v)
         q = self._split_heads(q, self.d_k)  # (B, H, m, d_k)
+        # Beam search keeps G rows per sentence but one copy of its memory: the G beams' queries
+        # then attend together, as G * m queries of one sentence, to its keys and values.
+        G = q.size(0) // k.size(0)
+        if G * k.size(0) != q.size(0):
+            raise ValueError(f"{q.size(0)} query rows do not divide into the {k.size(0)} rows of keys")
+        if G > 1:
+            q = fold_groups(q, G)  # (B*G, H, m, d_k) -> (B, H, G*m, d_k)
 
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, n) -> (B, 1, 1, n)
         out, weights = scaled_dot_product_attention(
@@ -165,6 +240,9 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
         )
+        if G > 1:
+            out = unfold_groups(out, G)  # (B, H, G*m, d_v) -> (B*G, H, m, d_v)
+            weights = None if weights is None else unfold_groups(weights, G)  # (B*G, H, m, n)
         B, _, m, _ = out.shape
         out = out.transpose(1, 2).reshape(B, m, self.n_heads * self.d_v)  # (B, H, m, d_v) -> (B, m, H*d_v)
         return self.out_proj(out), weights

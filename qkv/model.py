@@ -149,16 +149,15 @@ class DecoderState:
     position: int = 0
 
     @classmethod
-    def empty(cls, n_layers: int) -> DecoderState:
-        return cls(layers=[{"self": {}, "cross": {}} for _ in range(n_layers)])
+    def empty(cls, n_layers: int, capacity: int = 16) -> DecoderState:
+        """Caches with room for ``capacity`` positions before they grow (the longest output expected)."""
+        return cls(layers=[{"self": KVCache(capacity), "cross": KVCache()} for _ in range(n_layers)])
 
     def reorder(self, index: Tensor, kinds: tuple[str, ...] = ("self", "cross")) -> None:
         """Keep batch rows ``index`` of the ``kinds`` caches (beam search reorders hypotheses and drops finished ones)."""
         for layer in self.layers:
             for kind in kinds:
-                cache = layer[kind]
-                for name, tensor in cache.items():
-                    cache[name] = tensor.index_select(0, index)
+                layer[kind].reorder(index)
 
 
 @dataclass
@@ -268,8 +267,9 @@ class Transformer(nn.Module):
             return logits
         return self.decode_hidden(tgt, memory, src_mask)[0]
 
-    def new_state(self) -> DecoderState:
-        return DecoderState.empty(len(self.decoder_layers))
+    def new_state(self, capacity: int = 16) -> DecoderState:
+        """An empty ``DecoderState``; ``capacity``: the output length its caches hold without growing."""
+        return DecoderState.empty(len(self.decoder_layers), capacity)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

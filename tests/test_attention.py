@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv import reference
-from qkv.attention import MultiHeadAttention, causal_mask, scaled_dot_product_attention
+from qkv.attention import KVCache, MultiHeadAttention, causal_mask, scaled_dot_product_attention
 
 # The tutorials' worked example: one query, two keys, two-dimensional values.
 Q = [[1.0, 0.0, 1.0]]
@@ -203,24 +203,40 @@ def test_self_attention_cache_grows_one_position_a_step():
     mha = _mha()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     full, _ = mha(x, causal=True)
-    cache: dict = {}
+    cache = KVCache(capacity=2)  # grows twice on the way
     steps = []
     for t in range(5):
         out, _ = mha(x[:, t : t + 1], causal=True, cache=cache)
-        assert cache["k"].shape == (2, 4, t + 1, 4)
+        assert cache.k.shape == (2, 4, t + 1, 4)
         steps.append(out)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-12, rtol=0)
+
+
+def test_cache_reorder_keeps_the_chosen_rows_and_appending_goes_on():
+    """Beam search reorders the cache every step (rows repeated, dropped, permuted) and keeps appending."""
+    cache = KVCache(capacity=3)
+    k = torch.arange(2 * 1 * 2 * 2, dtype=torch.float64).view(2, 1, 2, 2)  # (N=2, H=1, m=2, d=2)
+    cache.append(k, -k)
+    cache.reorder(torch.tensor([1, 1, 0]))  # three rows now
+    assert cache.k.shape == (3, 1, 2, 2)
+    torch.testing.assert_close(cache.k, k[[1, 1, 0]])
+    new = torch.full((3, 1, 2, 2), 7.0, dtype=torch.float64)
+    keys, values = cache.append(new, -new)  # overflows the capacity of 3: the buffers grow
+    torch.testing.assert_close(keys, torch.cat([k[[1, 1, 0]], new], dim=2))
+    torch.testing.assert_close(values, -keys)
+    cache.reorder(torch.tensor([2]))
+    torch.testing.assert_close(cache.v, -torch.cat([k[[0]], new[:1]], dim=2))
 
 
 def test_cross_attention_cache_projects_memory_once():
     mha = _mha()
     memory = torch.randn(2, 7, 16, dtype=torch.float64)
-    cache: dict = {}
+    cache = KVCache()
     mha(torch.randn(2, 1, 16, dtype=torch.float64), memory, cache=cache)
-    k_first = cache["k"]
+    k_first = cache.k
     # A different memory on the next step is ignored: the cached projection is reused.
     x = torch.randn(2, 1, 16, dtype=torch.float64)
     out, _ = mha(x, torch.zeros_like(memory), cache=cache)
-    assert cache["k"] is k_first
+    assert cache.k.data_ptr() == k_first.data_ptr()
     expected, _ = mha(x, memory)
     torch.testing.assert_close(out, expected)

@@ -73,17 +73,20 @@ def test_beam_candidates_on_hand_made_numbers():
 
 def test_a_beam_step_splits_candidates_into_finished_and_live_on_hand_made_numbers():
     E = EOS
-    # (score, beam, token), best first, as beam_candidates returns 2K of them; K = 2
-    candidates = [(-0.1, 0, E), (-0.3, 1, 7), (-0.4, 0, 5), (-0.5, 1, E), (-0.9, 0, 6), (NEG_INF, 1, 4)]
-    finishing, live = split_candidates(candidates, k=2, eos_id=E, last_step=False, room=2)
-    assert finishing == [(-0.1, 0, E)]  # EOS at rank 0 finishes; the EOS at rank 3 is beaten by 2 live ones
-    assert live == [(-0.3, 1, 7), (-0.4, 0, 5)]  # the best K without EOS, in order; -0.9 is not needed
-    # no room left for finished hypotheses: the EOS is dropped, the live beams are the same
-    assert split_candidates(candidates, k=2, eos_id=E, last_step=False, room=0) == ([], live)
-    # at the last step everything in the first K finishes, EOS or not, and nothing stays live
-    assert split_candidates(candidates, k=2, eos_id=E, last_step=True, room=2) == ([(-0.1, 0, E), (-0.3, 1, 7)], [])
-    # -inf candidates come from unused slots and are never taken, even when nothing else is live
-    assert split_candidates([(NEG_INF, 0, 5), (NEG_INF, 1, E)], k=2, eos_id=E, last_step=False, room=2) == ([], [])
+    # scores and tokens, best first, as beam_candidates returns 2K of them; K = 2; three sentences
+    top = torch.tensor([[-0.1, -0.3, -0.4, -0.5, -0.9, NEG_INF]] * 2 + [[NEG_INF] * 6])
+    token = torch.tensor([[E, 7, 5, E, 6, 4]] * 2 + [[5, E, 5, 5, 5, 5]])
+    last_step = torch.tensor([False, True, False])
+    finishing, stays = split_candidates(top, token, k=2, eos_id=E, last_step=last_step)
+    # sentence 1: EOS at rank 0 finishes; the EOS at rank 3 is beaten by two live ones; the best two
+    # without EOS stay, in order, and -0.9 is not needed
+    assert finishing[0].tolist() == [True, False, False, False, False, False]
+    assert stays[0].tolist() == [False, True, True, False, False, False]
+    # sentence 2, at its last step: everything in the first K finishes, EOS or not, and nothing stays
+    assert finishing[1].tolist() == [True, True, False, False, False, False]
+    assert not stays[1].any()
+    # sentence 3: -inf candidates come from unused slots and are never taken, even with nothing else
+    assert not finishing[2].any() and not stays[2].any()
 
 
 def test_length_penalty_is_gnmt_formula():
