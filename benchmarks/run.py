@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
                                       threads=threads, log=log)
         else:
-            section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log)
+            section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log, repeats=args.repeats)
         section |= {"seconds": round(time.perf_counter() - started, 1), "load_before": before, "load_after": load()}
         results["sections"][name] = section
         log(f"{name}: done in {section['seconds']}s")
