@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
     parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base")
     parser.add_argument("--preset-rows", help="comma-separated rows of (b)'s preset part (default: all; today always runs)")
-    parser.add_argument("--repeats", type=int, default=0, help="repeats of each (b) preset row (default: 3, smoke 2)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="timed repeats of each cell: (b) preset rows (default 3), (c) translation cells (default 5), "
+                             "(d) decode-step sweeps (default 9); smoke: 2 (d: 3)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                                         peak_flops=peak, log=log)
         elif name == "translation":
             section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
-                                      threads=threads, log=log)
+                                      threads=threads, log=log, repeats=args.repeats)
         else:
             section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log, repeats=args.repeats)
         section |= {"seconds": round(time.perf_counter() - started, 1), "load_before": before, "load_after": load()}
