@@ -28,6 +28,7 @@ reported as the median sentences/s and the min-max. BLEU and the share of output
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 import time
@@ -96,9 +97,9 @@ def _ct2_native(engine, tok, rows: list[list[int]], config: DecodeConfig, *, lim
 
 
 class _Engines:
-    """The runners of every (table, engine, compute) at one beam size. A runner takes batches of
-    sentence indices and returns {index: output ids}; own-settings runners get all indices as one
-    batch and batch them their own way."""
+    """The runners of every (table, engine, compute) at one beam size, each returning {index: output
+    ids}: ``same`` ones take the batches (lists of sentence indices), ``own`` ones a list of indices
+    that they batch their own way."""
 
     def __init__(self, model, tok, src_ids, config: DecodeConfig, *, hf, ct2_dir: Path | None, threads: int,
                  ct2_cache: dict) -> None:
@@ -138,12 +139,11 @@ class _Engines:
 
     def own(self, engine: str, compute: str, ct2_choice: tuple[int, int, int] | None = None):
         if engine == "qkv":
-            def run(batches):
-                (indices,) = batches
-                return dict(zip(indices, (h[0].tokens for h in self.qkv_default.translate_ids([self.src_ids[i] for i in indices]))))
+            def run(indices):
+                hyps = self.qkv_default.translate_ids([self.src_ids[i] for i in indices])
+                return {i: h[0].tokens for i, h in zip(indices, hyps)}
         elif engine == "huggingface":
-            def run(batches):
-                (indices,) = batches
+            def run(indices):
                 groups: dict[int, list[int]] = {}
                 for i in indices:
                     groups.setdefault(self.limits[i], []).append(i)
@@ -157,8 +157,7 @@ class _Engines:
             budget, inter, intra = ct2_choice
             ct2 = self.ct2(compute, inter, intra)
 
-            def run(batches):
-                (indices,) = batches
+            def run(indices):
                 limit = max(self.limits[i] for i in indices)
                 return dict(zip(indices, _ct2_native(ct2, self.tok, [self.src_ids[i] for i in indices], self.config,
                                                      limit=limit, budget=budget)))
@@ -171,9 +170,9 @@ class _Engines:
         for inter, intra in layouts:
             for budget in budgets:
                 run = self.own("ctranslate2", compute, (budget, inter, intra))
-                run([sample])  # warm-up
+                run(sample)  # warm-up
                 start = time.perf_counter()
-                run([sample])
+                run(sample)
                 trials.append({"budget": budget, "inter_threads": inter, "intra_threads": intra,
                                "seconds": round(time.perf_counter() - start, 4)})
         best = min(trials, key=lambda t: t["seconds"])
@@ -202,12 +201,14 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         ctranslate2_spec(model, tok).save(str(ct2_dir))
     except ImportError as error:
         missing["ctranslate2"] = str(error)
+    if "ctranslate2" not in missing and "int8" not in compute_types:
+        missing["ctranslate2 int8"] = f"this CPU's compute types are {compute_types}"
     for name, reason in missing.items():
         log(f"translation: {name} skipped ({reason})")
-    engines = [(e, c) for e, c in ENGINES if e not in missing and (e != "ctranslate2" or c in compute_types)]
+    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c}" not in missing]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
-    everything, sample = [list(range(n))], list(range(0, n, 4))
+    everything, sample = list(range(n)), list(range(0, n, 4))
     rows, choices, ct2_cache = [], [], {}
     for beam in (1, 5):
         runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam), hf=hf, ct2_dir=ct2_dir, threads=threads,
@@ -225,8 +226,8 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                     if engine == "ctranslate2":
                         choice, trials = runners.choose_ct2(compute, sample, budgets)
                         choices.append({"beam": beam, "compute": compute, "chosen": choice, "trials": trials})
-                    fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice, runners.qkv_default)
-                    warm, timed = [everything[0][::8]], everything
+                    fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice)
+                    warm, timed = everything[::8], everything
                 fn(warm)
                 seconds, out = repeat_timed(lambda: fn(timed), repeats)
                 outputs = [out[i] for i in range(n)]
@@ -247,9 +248,10 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
 
 
-def _own_settings(engine: str, ct2_choice, qkv: Translator) -> str:
+def _own_settings(engine: str, ct2_choice) -> str:
     if engine == "qkv":
-        return f"Translator defaults (max_tokens {qkv.max_tokens}, max_sentences {qkv.max_sentences})"
+        defaults = inspect.signature(Translator).parameters
+        return f"Translator defaults (max_tokens {defaults['max_tokens'].default}, max_sentences {defaults['max_sentences'].default})"
     if engine == "huggingface":
         return f"batches of <= {HF_BATCH} sentences sharing a length limit"
     budget, inter, intra = ct2_choice
