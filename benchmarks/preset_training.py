@@ -18,7 +18,6 @@ default, as it trains with other random masks than ``nn.Dropout`` draws, and has
 
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 import statistics
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, forward_flops
+from benchmarks.probe import busy, load as load_average
 from qkv import speed
 from qkv.data import collate
 from qkv.train import Trainer, build_configs
@@ -149,7 +149,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
     samples: dict[str, list[dict]] = {key: [] for key, _, _ in chosen}
     for repeat in range(repeats):
         for key, _, flags in chosen:
-            load = os.getloadavg()[0]
+            load = load_average()[0]
             if flags is None:
                 sample = torch_row()
             else:
@@ -203,8 +203,8 @@ def markdown(section: dict) -> str:
             f"{r['faults_per_step']:.0f} | {100 * r['system_share']:.1f}% | {r['peak_rss_mb']:.0f} | "
             f"{r['sentences_per_s'] / by['today']['sentences_per_s']:.2f}x |"
         )
-    busy = max(r["max_load"] for r in rows)
-    if busy > section["threads"] + 0.5:
-        lines += ["", f"**Warning**: the 1-minute load average reached {busy:.2f} during the rows (more than the "
+    highest = max(r["max_load"] for r in rows)
+    if busy(highest, section["threads"]):
+        lines += ["", f"**Warning**: the 1-minute load average reached {highest:.2f} during the rows (more than the "
                       f"{section['threads']} threads used): another job was running and the numbers are not clean."]
     return "\n".join(lines)

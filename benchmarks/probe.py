@@ -1,4 +1,5 @@
-"""Measurements that need a process of their own: peak memory of one configuration.
+"""Measurements that need a process of their own (peak memory of one configuration), and the timing
+helpers the sections share (repeated timings with their spread, the load-average check).
 
 Peak memory on CPU is the growth of the resident set during one forward+backward pass, in a fresh
 process per configuration: reset the kernel's high-water mark (``echo 5 > /proc/self/clear_refs``),
@@ -11,6 +12,7 @@ the step touched (activations, gradients, workspace), not only tensors torch's a
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -47,6 +49,44 @@ def time_it(step: Callable[[], None], *, reps: int, max_seconds: float) -> dict[
         step()
         times.append((time.perf_counter() - start) * 1e3)
     return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times)}
+
+
+def repeat_timed(fn: Callable[[], object], repeats: int) -> tuple[list[float], object]:
+    """Seconds of each of ``repeats`` calls of ``fn`` (the caller warms up first), and the last result."""
+    seconds, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        seconds.append(time.perf_counter() - start)
+    return seconds, result
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def load() -> list[float]:
+    """The 1-, 5- and 15-minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def busy(load_1min: float, threads: int) -> bool:
+    """Whether a 1-minute load average shows another job beside a benchmark running ``threads`` threads.
+
+    A benchmark alone keeps the load near its own threads (all busy; measured at most 1.71 with 2
+    threads on a quiet machine), and near 0 between jobs; half a runnable thread beyond them means
+    something else shares the cores, and the timings taken then are slower by an unknown amount."""
+    return load_1min > threads + 0.5
+
+
+def check_load(where: str, threads: int, log: Callable[[str], None]) -> float:
+    """The 1-minute load average now, with a printed warning when it is ``busy``."""
+    now = load()[0]
+    if busy(now, threads):
+        log(f"WARNING: load average {now} before {where} (over {threads} thread(s) + 0.5): another job is running, "
+            "the timings that follow are not clean")
+    return now
 
 
 def attention_step(impl: str, n: int, d_model: int, n_heads: int) -> Callable[[], None]:

@@ -7,7 +7,8 @@ Sections: (a) attention, (b) training throughput (``--training preset`` for the 
 rows alone: today's path, each speed-up, all, torch.nn.Transformer), (c) translation (needs ``--checkpoint``; skipped
 with a printed reason otherwise), (d) scaling. ``--only a,c`` runs some of them. Speed targets are
 printed as ratios; nothing here asserts a timing. The machine is described in both outputs, with the
-load average before and after each section, so a busy machine shows in the results.
+load average before and after each section, so a busy machine shows in the results; the load is also
+checked before each section and each measured cell, with a printed warning when another job runs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from benchmarks import attention, preset_training, scaling, training, translation
 from benchmarks.baselines import matmul_peak
+from benchmarks.probe import check_load, load
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -50,10 +52,6 @@ def machine() -> dict:
             "platform": platform.platform(), **versions}
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [
@@ -77,7 +75,7 @@ def markdown(results: dict) -> str:
         else:
             if "preset" in section:
                 lines += [preset_training.markdown(section["preset"]), ""]
-            if "rows" in section:
+            if name != "training" or "rows" in section:  # (b) may hold its preset part alone
                 lines += [modules[name].markdown(section), ""]
     return "\n".join(lines)
 
@@ -91,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
     parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base")
     parser.add_argument("--preset-rows", help="comma-separated rows of (b)'s preset part (default: all; today always runs)")
-    parser.add_argument("--repeats", type=int, default=0, help="repeats of each (b) preset row (default: 3, smoke 2)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="timed repeats of each cell: (b) preset rows (default 3), (c) translation cells (default 5), "
+                             "(d) decode-step sweeps (default 9); smoke: 2 (d: 3)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Path(args.checkpoint) / "tokenizer.model" if args.checkpoint else None
     for name in wanted:
         started, before = time.perf_counter(), load()
+        check_load(f"section {name}", threads, log)
         if name == "translation" and not args.checkpoint:
             reason = "no --checkpoint given; pass a trained checkpoint, e.g. --checkpoint runs/en-de/final"
             log(f"translation: skipped ({reason})")
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
                                         peak_flops=peak, log=log)
         elif name == "translation":
             section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
-                                      threads=threads, log=log)
+                                      threads=threads, log=log, repeats=args.repeats)
         else:
-            section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log)
+            section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log, repeats=args.repeats)
         section |= {"seconds": round(time.perf_counter() - started, 1), "load_before": before, "load_after": load()}
         results["sections"][name] = section
         log(f"{name}: done in {section['seconds']}s")

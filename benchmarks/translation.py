@@ -1,27 +1,43 @@
-"""(c) Translation throughput on Multi30k test_2016_flickr: qkv, Hugging Face generate and CTranslate2
-running the same weights, greedy and beam 5, and how often their outputs are identical to qkv's.
+"""(c) Translation throughput on Multi30k test_2016_flickr: qkv, Hugging Face ``generate`` and
+CTranslate2 on the same weights, greedy and beam 5, fp32 (CTranslate2 also int8), in two tables.
 
-- qkv: ``Translator`` with its defaults (length-sorted batches of <= 2048 source tokens, KV cache,
-  finished sentences dropped from the batch), GNMT length penalty 0.6.
-- Hugging Face: ``qkv.convert.to_huggingface`` (``MarianMTModel`` for a post-LN model, Pegasus, its
-  pre-LN sibling, for a pre-LN one), ``generate`` with ``num_beams``, ``early_stopping=True`` (stop at
-  beam-size finished hypotheses, as qkv) and ``length_penalty=0.6``; note Hugging Face divides by
-  ``length ** 0.6`` where qkv uses GNMT's ``((5 + length) / 6) ** 0.6``.
-- CTranslate2: the ``qkv export`` model through ``qkv.export.ct2_translate_ids`` (qkv's rules), and
-  once more left to itself ("native": one call, its own batching, ``length ** 0.6`` normalisation).
-Hugging Face and CTranslate2 take one length limit per call, so both get sentences grouped by
-qkv's per-sentence limit (``1.5 * source length + 10``), in batches of at most 64.
+**Same batches.** The sentences are sorted by source length (ties by position) and cut into batches
+of ``SAME_BATCH`` sentences; every engine translates exactly these batches, one call per batch,
+under one length limit per batch: the largest of qkv's per-sentence limits (``1.5 * (length + 1) +
+10``) in it, since Hugging Face and CTranslate2 take one limit per call (qkv gets it as
+``max_len_a=0, max_len_b=limit``). Every beam search stops at beam-size finished hypotheses.
+CTranslate2 runs qkv's rules (``qkv.export.ct2_translate_ids``: GNMT length penalty, so the same
+algorithm as qkv); Hugging Face normalises by ``length ** 0.6``, its only choice. All engines use
+the same number of threads (torch's; CTranslate2 ``intra_threads``), one batch at a time.
+
+**Own settings.** Each engine as a user would run it for throughput:
+- qkv: ``Translator`` with its defaults (its own length-sorted batches, per-sentence limits).
+- Hugging Face: batches of 64 sentences sharing a length limit (``generate`` takes one).
+- CTranslate2: one ``translate_batch`` call over all sentences with ``batch_type="tokens"`` (batches
+  by source tokens, so long sentences do not make large batches), its own length normalisation and
+  the longest limit, and whichever ``max_batch_size`` in ``CT2_BUDGETS`` and thread layout (1 worker
+  x the threads, or one worker per thread: ``inter_threads``, CTranslate2's throughput setting, runs
+  several batches at once) was fastest on every 4th sentence, chosen per cell in this run. The
+  threads in all never exceed qkv's.
+
+Every cell: the load average checked (a warning printed when another job runs), a warm-up pass over
+every 8th batch (own settings: every 8th sentence), then ``repeats`` timed passes over all sentences,
+reported as the median sentences/s and the min-max. BLEU and the share of outputs identical to qkv's
+(in the same table and beam) come from the last pass.
 """
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from benchmarks.probe import busy, check_load, repeat_timed, spread
 from qkv import checkpoint
 from qkv.convert import to_huggingface
 from qkv.data import load_multi30k
@@ -30,53 +46,149 @@ from qkv.evaluate import score
 from qkv.export import ct2_translate_ids, ctranslate2_spec
 from qkv.translate import Translator
 
+SAME_BATCH = 64  # sentences per batch in the same-batches table (CTranslate2's and Hugging Face's usual 64)
+HF_BATCH = 64
+CT2_BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for CTranslate2's own settings
+UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
+QKV_INT8 = "not available: qkv's Translator has no int8 option yet"
+ENGINES = (("qkv", "float32"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"))
+TARGETS = (  # issue 21: (name, goal, numerator, denominator), each an (engine, compute, beam)
+    ("beam 5: qkv fp32 / CTranslate2 fp32", 1.0, ("qkv", "float32", 5), ("ctranslate2", "float32", 5)),
+    ("beam 5: qkv int8 / CTranslate2 int8", 0.8, ("qkv", "int8", 5), ("ctranslate2", "int8", 5)),
+    ("greedy: qkv fp32 / CTranslate2 fp32", 1.2, ("qkv", "float32", 1), ("ctranslate2", "float32", 1)),
+    ("beam 5: qkv fp32 / Hugging Face generate", 2.0, ("qkv", "float32", 5), ("huggingface", "float32", 5)),
+)
 
-def _hf_translate(hf, tok, model, src_ids: list[list[int]], config: DecodeConfig, batch: int = 64) -> list[list[int]]:
-    groups: dict[int, list[int]] = {}
-    for i, ids in enumerate(src_ids):
-        groups.setdefault(max_output_length(model, len(ids) + 1, config), []).append(i)
-    out: list[list[int]] = [[] for _ in src_ids]
-    for limit, indices in groups.items():
-        for start in range(0, len(indices), batch):
-            chunk = indices[start : start + batch]
-            S = max(len(src_ids[i]) for i in chunk) + 1
-            src = torch.full((len(chunk), S), tok.pad_id, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                src[row, : len(src_ids[i]) + 1] = torch.tensor([*src_ids[i], tok.eos_id])
-            with torch.inference_mode():
-                beam = {"early_stopping": True, "length_penalty": config.length_penalty} if config.beam_size > 1 else {}
-                generated = hf.generate(
-                    input_ids=src, attention_mask=(src != tok.pad_id).long(), max_new_tokens=limit,
-                    num_beams=config.beam_size, do_sample=False, min_new_tokens=0, **beam,
-                )
-            for row, i in enumerate(chunk):
-                tokens = generated[row, 1:].tolist()  # drop the decoder start (BOS)
-                if tok.eos_id in tokens:
-                    tokens = tokens[: tokens.index(tok.eos_id)]
-                out[i] = [t for t in tokens if t != tok.pad_id]
+
+def same_batches(src_ids: list[list[int]], size: int) -> list[list[int]]:
+    """Indices sorted by source length (ties by position), in batches of ``size`` sentences."""
+    order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), i))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _hf_generate(hf, tok, rows: list[list[int]], config: DecodeConfig, limit: int) -> list[list[int]]:
+    """One ``generate`` call on ``rows`` (source ids), at most ``limit`` new tokens; ids without BOS/EOS."""
+    S = max(len(ids) for ids in rows) + 1
+    src = torch.full((len(rows), S), tok.pad_id, dtype=torch.long)
+    for row, ids in enumerate(rows):
+        src[row, : len(ids) + 1] = torch.tensor([*ids, tok.eos_id])
+    beam = {"early_stopping": True, "length_penalty": config.length_penalty} if config.beam_size > 1 else {}
+    with torch.inference_mode():
+        generated = hf.generate(input_ids=src, attention_mask=(src != tok.pad_id).long(), max_new_tokens=limit,
+                                num_beams=config.beam_size, do_sample=False, min_new_tokens=0, **beam)
+    out = []
+    for row in generated.tolist():
+        tokens = row[1:]  # drop the decoder start (BOS)
+        if tok.eos_id in tokens:
+            tokens = tokens[: tokens.index(tok.eos_id)]
+        out.append([t for t in tokens if t != tok.pad_id])
     return out
 
 
-def _ct2_native(engine, tok, model, src_ids: list[list[int]], config: DecodeConfig) -> list[list[int]]:
-    """CTranslate2 left to itself: one call, its own length-sorted batches of 64, its own length
-    normalisation (``length ** 0.6``) and early exit, and the longest limit of the set for all."""
-    limit = max(max_output_length(model, len(ids) + 1, config) for ids in src_ids)
+def _ct2_native(engine, tok, rows: list[list[int]], config: DecodeConfig, *, limit: int, budget: int) -> list[list[int]]:
+    """CTranslate2 left to itself: one call, its own sorting and batches of ``budget`` source tokens,
+    its own length normalisation (``length ** 0.6``) and one length limit for all."""
     piece_to_id = {p: i for i, p in enumerate(tok.pieces(range(tok.vocab_size)))}
     outputs = engine.translate_batch(
-        [tok.pieces(ids) for ids in src_ids], max_batch_size=64, beam_size=config.beam_size,
+        [tok.pieces(ids) for ids in rows], max_batch_size=budget, batch_type="tokens", beam_size=config.beam_size,
         length_penalty=config.length_penalty, max_decoding_length=limit, min_decoding_length=0,
     )
     return [[piece_to_id[p] for p in out.hypotheses[0]] for out in outputs]
 
 
-def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log) -> dict:
+class _Engines:
+    """The runners of every (table, engine, compute) at one beam size, each returning {index: output
+    ids}: ``same`` ones take the batches (lists of sentence indices), ``own`` ones a list of indices
+    that they batch their own way."""
+
+    def __init__(self, model, tok, src_ids, config: DecodeConfig, *, hf, ct2_dir: Path | None, threads: int,
+                 ct2_cache: dict) -> None:
+        self.model, self.tok, self.src_ids, self.config, self.hf = model, tok, src_ids, config, hf
+        self.ct2_dir, self.threads, self._ct2 = ct2_dir, threads, ct2_cache  # CTranslate2 translators, shared by beams
+        self.limits = [max_output_length(model, len(ids) + 1, config) for ids in src_ids]
+        self.qkv_default = Translator(model, tok, config)
+
+    def ct2(self, compute: str, inter: int = 1, intra: int | None = None):
+        import ctranslate2
+
+        key = (compute, inter, intra or self.threads)
+        if key not in self._ct2:
+            self._ct2[key] = ctranslate2.Translator(str(self.ct2_dir), device="cpu", compute_type=compute,
+                                                    inter_threads=inter, intra_threads=intra or self.threads)
+        return self._ct2[key]
+
+    def uniform(self, batch: list[int]) -> tuple[int, DecodeConfig]:
+        """The batch's length limit, and the config that gives it to every sentence of the batch."""
+        limit = max(self.limits[i] for i in batch)
+        return limit, replace(self.config, max_len_a=0.0, max_len_b=limit)
+
+    def same(self, engine: str, compute: str):
+        rows_of = lambda batch: [self.src_ids[i] for i in batch]  # noqa: E731
+        if engine == "qkv":
+            def one(batch):
+                translator = Translator(self.model, self.tok, self.uniform(batch)[1], max_tokens=UNLIMITED,
+                                        max_sentences=UNLIMITED)
+                return [h[0].tokens for h in translator.translate_ids(rows_of(batch))]
+        elif engine == "huggingface":
+            one = lambda batch: _hf_generate(self.hf, self.tok, rows_of(batch), self.config, self.uniform(batch)[0])  # noqa: E731
+        else:
+            ct2 = self.ct2(compute)
+            one = lambda batch: ct2_translate_ids(ct2, self.tok, rows_of(batch), self.uniform(batch)[1],  # noqa: E731
+                                                  max_len=self.model.config.max_len, max_batch_size=len(batch))
+        return lambda batches: {i: out for batch in batches for i, out in zip(batch, one(batch))}
+
+    def own(self, engine: str, compute: str, ct2_choice: tuple[int, int, int] | None = None):
+        if engine == "qkv":
+            def run(indices):
+                hyps = self.qkv_default.translate_ids([self.src_ids[i] for i in indices])
+                return {i: h[0].tokens for i, h in zip(indices, hyps)}
+        elif engine == "huggingface":
+            def run(indices):
+                groups: dict[int, list[int]] = {}
+                for i in indices:
+                    groups.setdefault(self.limits[i], []).append(i)
+                out = {}
+                for limit, group in sorted(groups.items()):
+                    for start in range(0, len(group), HF_BATCH):
+                        chunk = group[start : start + HF_BATCH]
+                        out.update(zip(chunk, _hf_generate(self.hf, self.tok, [self.src_ids[i] for i in chunk], self.config, limit)))
+                return out
+        else:
+            budget, inter, intra = ct2_choice
+            ct2 = self.ct2(compute, inter, intra)
+
+            def run(indices):
+                limit = max(self.limits[i] for i in indices)
+                return dict(zip(indices, _ct2_native(ct2, self.tok, [self.src_ids[i] for i in indices], self.config,
+                                                     limit=limit, budget=budget)))
+        return run
+
+    def choose_ct2(self, compute: str, sample: list[int], budgets: tuple[int, ...]) -> tuple[tuple[int, int, int], list[dict]]:
+        """The fastest (budget, inter_threads, intra_threads) of CTranslate2's own settings on ``sample``."""
+        layouts = [(1, self.threads)] + ([(self.threads, 1)] if self.threads > 1 else [])
+        trials = []
+        for inter, intra in layouts:
+            for budget in budgets:
+                run = self.own("ctranslate2", compute, (budget, inter, intra))
+                run(sample)  # warm-up
+                start = time.perf_counter()
+                run(sample)
+                trials.append({"budget": budget, "inter_threads": inter, "intra_threads": intra,
+                               "seconds": round(time.perf_counter() - start, 4)})
+        best = min(trials, key=lambda t: t["seconds"])
+        return (best["budget"], best["inter_threads"], best["intra_threads"]), trials
+
+
+def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0) -> dict:
+    repeats = repeats or (2 if smoke else 5)
     loaded = checkpoint.load(checkpoint_dir)
     model, tok = loaded.model, loaded.tokenizer
     data = loaded.config.get("data", {})
     corpus = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir)
-    n = 40 if smoke else len(corpus.src)
+    n = 24 if smoke else len(corpus.src)
     sources, references = corpus.src[:n], corpus.tgt[:n]
-    missing = {}
+    batch_size, budgets = (8, (1024,)) if smoke else (SAME_BATCH, CT2_BUDGETS)
+    missing, ct2_dir, compute_types = {}, None, []
     try:
         hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id)
     except RuntimeError as error:  # transformers is not installed
@@ -84,45 +196,97 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log) -
     try:
         import ctranslate2
 
+        compute_types = sorted(ctranslate2.get_supported_compute_types("cpu"))
         ct2_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-ct2-"))
         ctranslate2_spec(model, tok).save(str(ct2_dir))
-        engine = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads)
     except ImportError as error:
-        engine, missing["ctranslate2"] = None, str(error)
+        missing["ctranslate2"] = str(error)
+    if "ctranslate2" not in missing and "int8" not in compute_types:
+        missing["ctranslate2 int8"] = f"this CPU's compute types are {compute_types}"
     for name, reason in missing.items():
         log(f"translation: {name} skipped ({reason})")
-    rows = []
+    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c}" not in missing]
+    src_ids = [Translator(model, tok).encode(s) for s in sources]
+    batches = same_batches(src_ids, batch_size)
+    everything, sample = list(range(n)), list(range(0, n, 4))
+    rows, choices, ct2_cache = [], [], {}
     for beam in (1, 5):
-        config = DecodeConfig(beam_size=beam)
-        translator = Translator(model, tok, config)
-        ids = [translator.encode(s) for s in sources]
-        runners = {
-            "qkv": lambda x: [h[0].tokens for h in translator.translate_ids(x)],
-            "huggingface": lambda x: _hf_translate(hf, tok, model, x, config),
-            "ctranslate2": lambda x: ct2_translate_ids(engine, tok, x, config, max_len=model.config.max_len),
-            "ctranslate2_native": lambda x: _ct2_native(engine, tok, model, x, config),
-        }
-        runners = {name: fn for name, fn in runners.items() if name.split("_")[0] not in missing}
-        for fn in runners.values():
-            fn(ids[:8])  # warm-up
-        outputs = {}
-        for name, fn in runners.items():
-            start = time.perf_counter()
-            outputs[name] = fn(ids)
-            seconds = time.perf_counter() - start
-            hyps = [tok.decode(t) for t in outputs[name]]
-            same = sum(a == b for a, b in zip(outputs[name], outputs["qkv"]))
-            row = {"engine": name, "beam": beam, "sentences": n, "seconds": round(seconds, 3),
-                   "sentences_per_s": round(n / seconds, 2), "ms_per_sentence": round(1e3 * seconds / n, 2),
-                   "identical_to_qkv": round(same / n, 4), "bleu": score(hyps, references)["bleu"]}
-            rows.append(row)
-            log(f"translation {name} beam {beam}: {row}")
-    if engine is not None:
-        del engine
+        runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam), hf=hf, ct2_dir=ct2_dir, threads=threads,
+                           ct2_cache=ct2_cache)
+        for table in ("same", "own"):
+            qkv_out = None
+            for engine, compute in engines:
+                label = f"{table} batches" if table == "same" else "own settings"
+                load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
+                if table == "same":
+                    fn, settings = runners.same(engine, compute), f"{len(batches)} batches of <= {batch_size} sentences"
+                    warm, timed = batches[::8], batches
+                else:
+                    choice = None
+                    if engine == "ctranslate2":
+                        choice, trials = runners.choose_ct2(compute, sample, budgets)
+                        choices.append({"beam": beam, "compute": compute, "chosen": choice, "trials": trials})
+                    fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice)
+                    warm, timed = everything[::8], everything
+                fn(warm)
+                seconds, out = repeat_timed(lambda: fn(timed), repeats)
+                outputs = [out[i] for i in range(n)]
+                qkv_out = outputs if engine == "qkv" else qkv_out
+                row = _row(table, engine, compute, beam, settings, seconds, load_1min, threads, n, outputs, qkv_out,
+                           [tok.decode(t) for t in outputs], references)
+                rows.append(row)
+                log(f"translation {label}, {engine} {compute} beam {beam}: {row['sentences_per_s']:.1f} sentences/s "
+                    f"({row['sentences_per_s_min']:.1f}-{row['sentences_per_s_max']:.1f}), BLEU {row['bleu']:.2f}, "
+                    f"identical to qkv {100 * row['identical_to_qkv']:.1f}%")
+    ct2_cache.clear()  # the translators hold the model files open
+    if ct2_dir is not None:
         shutil.rmtree(ct2_dir, ignore_errors=True)
-    hf_family = type(hf).__name__ if hf is not None else None
-    return {"checkpoint": str(loaded.path), "hf_model": hf_family, "sentences": n, "rows": rows, "missing": missing,
+    return {"checkpoint": str(loaded.path), "hf_model": type(hf).__name__ if hf is not None else None, "sentences": n,
+            "repeats": repeats, "threads": threads, "same_batch_sentences": batch_size, "same_batches": len(batches),
+            "ct2_compute_types": compute_types, "ct2_choices": choices, "missing": missing, "rows": rows,
+            "targets": targets(rows),
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
+
+
+def _own_settings(engine: str, ct2_choice) -> str:
+    if engine == "qkv":
+        defaults = inspect.signature(Translator).parameters
+        return f"Translator defaults (max_tokens {defaults['max_tokens'].default}, max_sentences {defaults['max_sentences'].default})"
+    if engine == "huggingface":
+        return f"batches of <= {HF_BATCH} sentences sharing a length limit"
+    budget, inter, intra = ct2_choice
+    return f"translate_batch, {budget} tokens per batch, {inter} x {intra} threads (inter x intra)"
+
+
+def _row(table, engine, compute, beam, settings, seconds, load_1min, threads, n, outputs, qkv_out, hyps, references) -> dict:
+    s = spread(seconds)
+    same = sum(a == b for a, b in zip(outputs, qkv_out)) if qkv_out is not None else 0
+    return {"table": table, "engine": engine, "compute": compute, "beam": beam, "settings": settings, "sentences": n,
+            "seconds": [round(x, 4) for x in seconds], "sentences_per_s": n / s["median"],
+            "sentences_per_s_min": n / s["max"], "sentences_per_s_max": n / s["min"],
+            "ms_per_sentence": 1e3 * s["median"] / n, "load": load_1min, "busy": busy(load_1min, threads),
+            "identical_to_qkv": round(same / n, 4), "bleu": score(hyps, references)["bleu"]}
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """Issue 21's ratios of median sentences/s, per table, with the range over the repeats (the
+    slowest of one engine against the fastest of the other, and the reverse)."""
+    by = {(r["table"], r["engine"], r["compute"], r["beam"]): r for r in rows}
+    result = []
+    for name, goal, num, den in TARGETS:
+        entry = {"target": name, "goal": goal}
+        for table in ("same", "own"):
+            a, b = by.get((table, *num)), by.get((table, *den))
+            if a is None or b is None:
+                reason = QKV_INT8 if a is None and num[:2] == ("qkv", "int8") else "an engine is missing"
+                entry[table] = {"available": False, "reason": reason}
+                continue
+            ratio = a["sentences_per_s"] / b["sentences_per_s"]
+            entry[table] = {"available": True, "ratio": round(ratio, 3), "met": ratio >= goal,
+                            "low": round(a["sentences_per_s_min"] / b["sentences_per_s_max"], 3),
+                            "high": round(a["sentences_per_s_max"] / b["sentences_per_s_min"], 3)}
+        result.append(entry)
+    return result
 
 
 def markdown(section: dict) -> str:
@@ -132,15 +296,50 @@ def markdown(section: dict) -> str:
         "",
         f"Model: d_model {m['d_model']}, {m['n_heads']} heads, {m['n_encoder_layers']}+{m['n_decoder_layers']} layers, "
         f"{'pre-LN' if m['norm_first'] else 'post-LN'}; Hugging Face runs it as `{section['hf_model']}`. "
-        "\"identical\" = same output tokens as qkv. `ctranslate2` runs qkv's search rules "
-        "(`qkv.export.ct2_translate_ids`: per-sentence length limits, GNMT length penalty); `ctranslate2_native` is "
-        "CTranslate2's own `translate_batch` (its batching, `length ** 0.6` normalisation, one length limit). "
-        "Hugging Face's beam search normalises by `length ** 0.6` too.",
+        f"{section['threads']} thread(s) for every engine. Each cell: a warm-up pass over every 8th batch (own settings: every 8th "
+        f"sentence), then {section['repeats']} timed passes over all sentences; sentences/s is the median with the "
+        "min-max of the passes. Load: the 1-minute load average before the cell (\"busy\": another job was running). "
+        "\"identical\" = the same output tokens as qkv in the same table and beam.",
         "",
-        "| engine | beam | sentences/s | ms/sentence | identical to qkv | BLEU |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"**Same batches**: sentences sorted by source length, cut into {section['same_batches']} batches of at most "
+        f"{section['same_batch_sentences']}; every engine translates exactly these batches, one call each, with one length "
+        "limit per batch (the largest of qkv's per-sentence limits in it). CTranslate2 runs qkv's search rules "
+        "(`qkv.export.ct2_translate_ids`, GNMT length penalty); Hugging Face normalises beams by `length ** 0.6`.",
+        "",
+        *_table(section, "same", settings=False),
+        "",
+        "**Own settings**: each engine batching its own way (CTranslate2: `translate_batch` with `batch_type=\"tokens\"`, "
+        "its own `length ** 0.6` normalisation and one length limit, the budget and thread layout fastest on every 4th "
+        "sentence in this run).",
+        "",
+        *_table(section, "own", settings=True),
+        "",
+        "**Targets** (issue 21): median sentences/s of qkv over the other engine, range over the repeats in brackets.",
+        "",
+        "| target | goal | same batches | own settings |",
+        "|---|---:|---:|---:|",
     ]
-    for r in section["rows"]:
-        lines.append(f"| {r['engine']} | {r['beam']} | {r['sentences_per_s']:.1f} | {r['ms_per_sentence']:.1f} | "
-                     f"{100 * r['identical_to_qkv']:.1f}% | {r['bleu']:.2f} |")
+    for t in section["targets"]:
+        cells = [f"{c['ratio']:.2f}x ({c['low']:.2f}-{c['high']:.2f}) {'met' if c['met'] else 'missed'}"
+                 if c["available"] else f"**{c['reason']}**" for c in (t["same"], t["own"])]
+        lines.append(f"| {t['target']} | >= {t['goal']:.1f}x | {cells[0]} | {cells[1]} |")
+    noisy = [r for r in section["rows"] if r["busy"]]
+    if noisy:
+        lines += ["", f"**Warning**: {len(noisy)} of {len(section['rows'])} cells started with another job running "
+                      f"(load up to {max(r['load'] for r in noisy):.2f}); their timings are not clean."]
+    if section["missing"]:
+        lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in section["missing"].items())]
     return "\n".join(lines)
+
+
+def _table(section: dict, table: str, *, settings: bool) -> list[str]:
+    head = "| engine | compute | beam |" + (" settings |" if settings else "") + \
+        " sentences/s | min-max | ms/sentence | load | identical to qkv | BLEU |"
+    lines = [head, "|---|---|---:|" + ("---|" if settings else "") + "---:|---:|---:|---:|---:|---:|"]
+    for r in (r for r in section["rows"] if r["table"] == table):
+        lines.append(
+            f"| {r['engine']} | {r['compute']} | {r['beam']} |" + (f" {r['settings']} |" if settings else "")
+            + f" {r['sentences_per_s']:.1f} | {r['sentences_per_s_min']:.1f}-{r['sentences_per_s_max']:.1f} | "
+            f"{r['ms_per_sentence']:.2f} | {r['load']:.2f}{' busy' if r['busy'] else ''} | "
+            f"{100 * r['identical_to_qkv']:.1f}% | {r['bleu']:.2f} |")
+    return lines
