@@ -210,7 +210,11 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--batch-tokens", type=int, default=2048, help="source tokens per batch (times the beam)")
+    p.add_argument("--batch-tokens", type=int, default=2048, help="padded source tokens per batch, whatever the beam (default 2048)")
+
+
+def _int8_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (README: Benchmarks)")
 
 
 def _decode_config(args: argparse.Namespace, n_best: int = 1):
@@ -225,6 +229,7 @@ def _decode_config(args: argparse.Namespace, n_best: int = 1):
 
 def _translate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
+    _int8_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
@@ -245,7 +250,9 @@ def translate(args: argparse.Namespace) -> int:
 
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
         check_output(args.output, force=args.force, inputs=(args.input,))
-    translator = Translator.from_checkpoint(args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens * args.beam)
+    translator = Translator.from_checkpoint(
+        args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens, int8=args.int8
+    )
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
@@ -259,6 +266,7 @@ def translate(args: argparse.Namespace) -> int:
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
+    _int8_arg(p)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
@@ -275,6 +283,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv.data import load_multi30k, read_parallel
     from qkv.evaluate import format_scores, score
     from qkv.outputs import check_output, output_file
+    from qkv.quantize import int8_model
     from qkv.translate import Translator
 
     if args.save:
@@ -288,14 +297,15 @@ def evaluate(args: argparse.Namespace) -> int:
         data = loaded.config.get("data", {})
         src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
         corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
-    translator = Translator(loaded.model, loaded.tokenizer, _decode_config(args), max_tokens=args.batch_tokens * args.beam)
+    model = int8_model(loaded.model) if args.int8 else loaded.model
+    translator = Translator(model, loaded.tokenizer, _decode_config(args), max_tokens=args.batch_tokens)
     started = time.perf_counter()
     hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {loaded.path}, beam {args.beam}, length penalty {args.length_penalty}, {seconds:.1f}s")
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {loaded.path}, beam {args.beam}, length penalty {args.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
 

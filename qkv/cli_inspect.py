@@ -117,7 +117,7 @@ def align_command(args: argparse.Namespace) -> int:
     alignments = align(
         loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
         head=None if args.head is None else args.head - 1, config=_decode_config(args),
-        max_tokens=args.batch_tokens * args.beam,
+        max_tokens=args.batch_tokens,
     )
     with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)

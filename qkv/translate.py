@@ -13,6 +13,7 @@ import torch
 from qkv import checkpoint
 from qkv.decode import DecodeConfig, Hypothesis, search
 from qkv.model import Transformer
+from qkv.quantize import int8_model
 from qkv.tokenizer import Tokenizer
 
 
@@ -56,7 +57,12 @@ def sentence_seed(seed: int, src_ids: list[int]) -> int:
 
 
 class Translator:
-    """A model, its tokenizer and a search configuration, ready to translate raw sentences."""
+    """A model, its tokenizer and a search configuration, ready to translate raw sentences.
+
+    Sentences are searched in batches of similar length, each at most ``max_tokens`` padded source
+    tokens and ``max_sentences`` sentences, whatever the beam (a batch decodes beam_size rows per
+    sentence, over one copy of its source).
+    """
 
     def __init__(
         self,
@@ -74,9 +80,11 @@ class Translator:
         self.max_sentences = max_sentences
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, config: DecodeConfig | None = None, **kwargs) -> Translator:
+    def from_checkpoint(cls, path: str | Path, config: DecodeConfig | None = None, *, int8: bool = False, **kwargs) -> Translator:
+        """``int8``: decode with int8 linear layers (``qkv.quantize``), an approximation of the model."""
         loaded = checkpoint.load(path)
-        return cls(loaded.model, loaded.tokenizer, config, **kwargs)
+        model = int8_model(loaded.model) if int8 else loaded.model
+        return cls(model, loaded.tokenizer, config, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         """Subword ids of ``text``, cut to what the model's positions allow (with a warning).
@@ -98,17 +106,12 @@ class Translator:
         """Search for each source; empty sources give one empty hypothesis. Keeps the input order."""
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
         todo = [i for i, ids in enumerate(src_ids) if ids]
-        # Beam search keeps beam_size rows per sentence, so the sentence budget shrinks with it.
-        batches = length_batches(
-            [len(src_ids[i]) for i in todo],
-            max_tokens=max(1, self.max_tokens // self.config.beam_size),
-            max_sentences=self.max_sentences,
-        )
+        batches = length_batches([len(src_ids[i]) for i in todo], max_tokens=self.max_tokens, max_sentences=self.max_sentences)
         tok = self.tokenizer
         for batch in batches:
             indices = [todo[j] for j in batch]
             src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
-            src = src.to(self.model.generator.weight.device)  # the model's device (a GPU while training)
+            src = src.to(self.model.src_embed.weight.device)  # the model's device (a GPU while training)
             seeds = [sentence_seed(self.config.seed, src_ids[i]) for i in indices] if self.config.sampling else None
             hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds)
             for i, h in zip(indices, hyps):
