@@ -218,13 +218,25 @@ SENTENCES = [
 def test_translator_keeps_input_order_and_is_batch_invariant(trained, beam_size):
     config = DecodeConfig(beam_size=beam_size)
     # a small token budget splits the batch, so length sorting has to be undone
-    translator = Translator(trained.model, trained.tokenizer, config, max_tokens=40 * beam_size)
+    translator = Translator(trained.model, trained.tokenizer, config, max_tokens=40)
     together = translator.translate(SENTENCES)
     alone = [translator.translate([s])[0] for s in SENTENCES]
     assert together == alone
     assert len(together) == len(SENTENCES)
     assert together[1] == "" and together[4] == ""  # empty and blank inputs give empty outputs
     assert all(together[i] for i in (0, 2, 3, 5, 6))
+
+
+@pytest.mark.parametrize("beam_size", [1, 5])
+def test_translator_batches_hold_max_tokens_source_tokens_whatever_the_beam(trained, monkeypatch, beam_size):
+    import qkv.translate
+
+    shapes = []
+    real_search = qkv.translate.search
+    monkeypatch.setattr(qkv.translate, "search", lambda model, src, **kw: shapes.append(tuple(src.shape)) or real_search(model, src, **kw))
+    Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=beam_size), max_tokens=60).translate(SENTENCES * 3)
+    assert all(b * s <= 60 for b, s in shapes) and sum(b for b, _ in shapes) == 15  # the 15 non-empty sentences
+    assert max(b * s for b, s in shapes) > 60 // 2  # the budget is used, not divided by the beam
 
 
 def test_translator_n_best_lists(trained):
