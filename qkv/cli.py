@@ -308,16 +308,9 @@ def _average_args(p: argparse.ArgumentParser) -> None:
 
 @command("average", "average the weights of several checkpoints into one", _average_args)
 def average(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from qkv import checkpoint
 
-    out = Path(args.out)
-    if out.exists() or out.is_symlink():
-        if not args.force:
-            raise ValueError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
-        if not checkpoint.is_checkpoint_dir(out):
-            raise ValueError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
+    out = checkpoint.check_replaceable(args.out, force=args.force)
     first = checkpoint.load(args.checkpoints[0])
     weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
     configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
