@@ -41,7 +41,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise RuntimeError("Marian import and export need the transformers package: pip install transformers") from None
+        raise RuntimeError("Marian import and export need the transformers package: pip install 'qkv[marian]'") from None
     return transformers
 
 
@@ -131,11 +131,15 @@ def _marian_model(hf_config: Any, weights: dict[str, torch.Tensor], where: Path)
     unexpected = [n for n in unexpected if positions not in n]
     if missing or unexpected:
         raise ValueError(f"{where} does not match its config.json: missing {missing[:3]}; unexpected {unexpected[:3]}")
-    for name, table in weights.items():  # stored positions must be the sinusoids qkv rebuilds
-        if positions in name and name in model.state_dict():
-            if table.shape != model.state_dict()[name].shape or not torch.allclose(table.float(), model.state_dict()[name].float(), atol=1e-4):
-                raise ValueError(f"{where}: {name} is not Marian's sinusoidal table; qkv cannot represent learned positions")
     return model
+
+
+def _check_positions(weights: dict[str, torch.Tensor], table: torch.Tensor, where: Path) -> None:
+    """Positional tables stored with the weights (older files have them) must be the sinusoids qkv computes
+    (``table``: (max_len, d_model), split layout); qkv has no learned positions to put anything else in."""
+    for name, stored in weights.items():
+        if "embed_positions" in name and (stored.shape != table.shape or not torch.allclose(stored.float(), table, atol=1e-4)):
+            raise ValueError(f"{where}: {name} is not Marian's sinusoidal table, which is all qkv can represent")
 
 
 def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
@@ -181,7 +185,9 @@ def import_marian(hf_dir: str | Path, out: str | Path, *, force: bool = False) -
     config = _check_directory(hf_dir)
     hf_config = _transformers().MarianConfig.from_dict(config)
     tokenizer = read_tokenizer(hf_dir, hf_config)
-    model = from_marian(_marian_model(hf_config, read_weights(hf_dir), hf_dir))
+    weights = read_weights(hf_dir)
+    model = from_marian(_marian_model(hf_config, weights, hf_dir))
+    _check_positions(weights, model.positions.table.float(), hf_dir)
     languages = {"src_lang": tokenizer.source_lang, "tgt_lang": tokenizer.target_lang}
     configs = {
         "marian": {"source": str(hf_dir.resolve()), "generation": _generation(hf_dir, config)},

@@ -276,12 +276,35 @@ def test_export_round_trip_gives_the_same_logits_and_ids(imported, hf, sources, 
     assert (out / "qkv_config.json").exists()
 
 
+def test_generation_settings_and_the_export_check(marian_dir, tmp_path, capsys, monkeypatch):
+    """The original bad_words_ids (OPUS-MT forbids generating <pad>) travel through the checkpoint into the
+    export; and the export's check fails the command (status 1) when ids or logits differ."""
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(marian_dir, hf_dir)
+    generation = json.loads((hf_dir / "generation_config.json").read_text())
+    (hf_dir / "generation_config.json").write_text(json.dumps({**generation, "bad_words_ids": [[generation["pad_token_id"]]]}))
+    assert in_process(capsys, "import", "marian", hf_dir, "--out", tmp_path / "ckpt").returncode == 0
+    assert checkpoint.read_config(tmp_path / "ckpt")["marian"]["generation"]["bad_words_ids"] == [[generation["pad_token_id"]]]
+    assert in_process(capsys, "export", "--format", "marian", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "out", "--check", "0").returncode == 0
+    assert transformers.GenerationConfig.from_pretrained(tmp_path / "out").bad_words_ids == [[generation["pad_token_id"]]]
+    import qkv.marian
+
+    monkeypatch.setattr(qkv.marian, "check_export", lambda *args: (5, 4, 0.0))
+    sentences = tmp_path / "check.txt"
+    sentences.write_text("A dog.\n", encoding="utf-8")
+    result = in_process(capsys, "export", "--format", "marian", "--checkpoint", tmp_path / "ckpt", "--out", tmp_path / "out",
+                        "--force", "--check-file", sentences)  # fmt: skip
+    assert result.returncode == 1 and "does not reproduce" in result.stderr
+
+
 def test_a_pytorch_model_bin_imports_to_the_same_model(marian_dir, imported, tmp_path):
-    """Weights as pytorch_model.bin (no model.safetensors) load through torch.load(weights_only=True)."""
+    """Weights as pytorch_model.bin (no model.safetensors) load through torch.load(weights_only=True); like
+    older files it also holds the positional tables, which must be (and are) the sinusoids."""
     hf_dir = tmp_path / "bin"
     shutil.copytree(marian_dir, hf_dir)
     model = transformers.MarianMTModel.from_pretrained(hf_dir)
     (hf_dir / "model.safetensors").unlink()
+    assert "model.encoder.embed_positions.weight" in model.state_dict()
     torch.save(model.state_dict(), hf_dir / "pytorch_model.bin")
     result = qkv("import", "marian", hf_dir, "--out", tmp_path / "ckpt")
     assert result.returncode == 0, result.stderr
@@ -312,7 +335,10 @@ def test_a_planted_pickle_is_refused_without_running(marian_dir, tmp_path):
     assert not marker.exists() and not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.parametrize("case", ["no config", "bart", "no tokenizer", "no weights", "separate vocabularies", "not a directory"])
+@pytest.mark.parametrize(
+    "case", ["no config", "bart", "no tokenizer", "no weights", "sharded", "separate vocabularies", "not a directory",
+             "learned positions", "other pad id", "other vocabulary size"],
+)
 def test_a_directory_that_is_not_a_marian_model_is_refused(marian_dir, tmp_path, capsys, case):
     hf_dir = tmp_path / "hf"
     shutil.copytree(marian_dir, hf_dir)
@@ -326,12 +352,26 @@ def test_a_directory_that_is_not_a_marian_model_is_refused(marian_dir, tmp_path,
     elif case == "no tokenizer":
         (hf_dir / "target.spm").unlink()
         message = "has no target.spm"
-    elif case == "no weights":
+    elif case in ("no weights", "sharded"):
         (hf_dir / "model.safetensors").unlink()
-        message = "has no model.safetensors or pytorch_model.bin"
+        if case == "sharded":
+            (hf_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+        message = "has no model.safetensors or pytorch_model.bin" + (" (sharded weights are not supported)" if case == "sharded" else "")
+    elif case in ("other pad id", "other vocabulary size"):
+        config = json.loads((hf_dir / "config.json").read_text())
+        key, value = ("pad_token_id", 1) if case == "other pad id" else ("vocab_size", config["vocab_size"] + 1)
+        (hf_dir / "config.json").write_text(json.dumps({**config, key: value}))
+        message = f"config.json has {key} {value}, the tokenizer files make it"
     elif case == "separate vocabularies":
         shutil.copyfile(hf_dir / "vocab.json", hf_dir / "target_vocab.json")
         message = "separate source and target vocabularies"
+    elif case == "learned positions":
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(hf_dir / "model.safetensors")
+        weights["model.encoder.embed_positions.weight"] = torch.randn(128, 32)
+        save_file(weights, hf_dir / "model.safetensors")
+        message = "model.encoder.embed_positions.weight is not Marian's sinusoidal table"
     else:
         hf_dir = hf_dir / "vocab.json"
         message = "is not a directory"
@@ -423,6 +463,9 @@ def test_a_model_qkv_trained_exports_to_marian(random_checkpoint, tmp_path, caps
     tok = loaded.tokenizer
     assert [hf_tok(s)["input_ids"] for s in lines] == [tok.encode(s) + [tok.eos_id] for s in lines]
     assert [hf_tok(text_target=s)["input_ids"] for s in lines] == [tok.encode(s) + [tok.eos_id] for s in lines]
+    # the two known differences: a special token's text inside a sentence, and how <unk> is decoded
+    assert hf_tok("a </s> b")["input_ids"] != tok.encode("a </s> b") + [tok.eos_id]
+    assert hf_tok.decode([tok.unk_id], skip_special_tokens=True) == "" and tok.decode([tok.unk_id]) == " \u2047 "
     src = torch.tensor([tok.encode(lines[0]) + [tok.eos_id]])
     tgt = torch.tensor([[tok.bos_id, *tok.encode(lines[30])]])
     with torch.no_grad():
