@@ -149,12 +149,17 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
         raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} is not a JSON object")
     if settings.get("separate_vocabs"):
         raise ValueError(f"{hf_dir} has separate source and target vocabularies: qkv supports one shared vocab.json")
+    special = [_token(settings.get(f"{role}_token"), default) for role, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>"))]
+    added = settings.get("added_tokens_decoder") or {}
+    added = [_token(t, "") for t in (added.values() if isinstance(added, dict) else added)]
+    extra = sorted({t for t in [*added, *map(str, settings.get("additional_special_tokens") or [])] if t not in special})
+    if extra:  # transformers would give them ids of their own and split sentences at them
+        raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} adds tokens qkv's Marian tokenizer does not have ({', '.join(extra[:3])})")
     try:
         tokenizer = MarianTokenizer(
             source_spm=(hf_dir / SPM_FILES[0]).read_bytes(), target_spm=(hf_dir / SPM_FILES[1]).read_bytes(),
             vocab=_read_json(hf_dir / VOCAB), decoder_start_id=hf_config.decoder_start_token_id,
-            eos=_token(settings.get("eos_token"), "</s>"), unk=_token(settings.get("unk_token"), "<unk>"),
-            pad=_token(settings.get("pad_token"), "<pad>"), source_lang=settings.get("source_lang"),
+            eos=special[0], unk=special[1], pad=special[2], source_lang=settings.get("source_lang"),
             target_lang=settings.get("target_lang"),
             clean_up_tokenization_spaces=settings.get("clean_up_tokenization_spaces", False), name=str(hf_dir),
         )

@@ -337,7 +337,7 @@ def test_a_planted_pickle_is_refused_without_running(marian_dir, tmp_path):
 
 @pytest.mark.parametrize(
     "case", ["no config", "bart", "no tokenizer", "no weights", "sharded", "separate vocabularies", "not a directory",
-             "learned positions", "other pad id", "other vocabulary size"],
+             "learned positions", "other pad id", "other vocabulary size", "added tokens"],
 )
 def test_a_directory_that_is_not_a_marian_model_is_refused(marian_dir, tmp_path, capsys, case):
     hf_dir = tmp_path / "hf"
@@ -365,6 +365,10 @@ def test_a_directory_that_is_not_a_marian_model_is_refused(marian_dir, tmp_path,
     elif case == "separate vocabularies":
         shutil.copyfile(hf_dir / "vocab.json", hf_dir / "target_vocab.json")
         message = "separate source and target vocabularies"
+    elif case == "added tokens":
+        settings = json.loads((hf_dir / "tokenizer_config.json").read_text())
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps({**settings, "additional_special_tokens": ["<eop>"]}))
+        message = "adds tokens qkv's Marian tokenizer does not have (<eop>)"
     elif case == "learned positions":
         from safetensors.torch import load_file, save_file
 
