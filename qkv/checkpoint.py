@@ -118,18 +118,6 @@ def is_checkpoint_dir(path: Path) -> bool:
     return all(p.name in FILES and not p.is_dir() for p in path.iterdir())
 
 
-def check_replaceable(out: str | Path, *, force: bool) -> Path:
-    """Refuse ``out`` for a new checkpoint (before any work) unless it is new, or ``force`` is given and
-    it is a qkv checkpoint: the rule of every command with ``--out CKPT --force``."""
-    out = Path(out)
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise ValueError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
-        if not is_checkpoint_dir(out):
-            raise ValueError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
-    return out
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 

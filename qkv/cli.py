@@ -309,8 +309,9 @@ def _average_args(p: argparse.ArgumentParser) -> None:
 @command("average", "average the weights of several checkpoints into one", _average_args)
 def average(args: argparse.Namespace) -> int:
     from qkv import checkpoint
+    from qkv.outputs import check_checkpoint_out
 
-    out = checkpoint.check_replaceable(args.out, force=args.force)
+    out = check_checkpoint_out(args.out, force=args.force)
     first = checkpoint.load(args.checkpoints[0])
     weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
     configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}

@@ -28,6 +28,7 @@ import torch
 from qkv import checkpoint
 from qkv.convert import from_marian, to_marian
 from qkv.export import check_export_out, write_export
+from qkv.outputs import check_checkpoint_out
 from qkv.tokenizer import MarianTokenizer, Tokenizer, TokenizerError
 
 HF_CONFIG, SAFETENSORS, PYTORCH_BIN = "config.json", "model.safetensors", "pytorch_model.bin"
@@ -88,7 +89,7 @@ def _check_directory(hf_dir: Path) -> dict[str, Any]:
     missing = [name for name in (*SPM_FILES, VOCAB) if not (hf_dir / name).is_file()]
     if missing:
         raise ValueError(f"{hf_dir} has no {', '.join(missing)}: save the model's MarianTokenizer into it too (tokenizer.save_pretrained)")
-    if (hf_dir / "target_vocab.json").exists() or config.get("separate_vocabs"):
+    if (hf_dir / "target_vocab.json").exists():
         raise ValueError(f"{hf_dir} has separate source and target vocabularies (target_vocab.json): qkv supports one shared vocab.json")
     if not (hf_dir / SAFETENSORS).is_file() and not (hf_dir / PYTORCH_BIN).is_file():
         sharded = " (sharded weights are not supported)" if any(hf_dir.glob("*.index.json")) else ""
@@ -125,9 +126,10 @@ def _marian_model(hf_config: Any, weights: dict[str, torch.Tensor], where: Path)
     """A ``MarianMTModel`` holding ``weights``: every parameter loaded, or tied to one that was."""
     model = _transformers().MarianMTModel(hf_config).eval()
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    loaded = {p.data_ptr() for name, p in model.state_dict().items() if name in weights}
+    state = model.state_dict()
+    loaded = {t.data_ptr() for name, t in state.items() if name in weights}
     positions = "embed_positions"  # the sinusoidal tables, which the model computes itself
-    missing = [n for n in missing if positions not in n and model.state_dict()[n].data_ptr() not in loaded]
+    missing = [n for n in missing if positions not in n and state[n].data_ptr() not in loaded]
     unexpected = [n for n in unexpected if positions not in n]
     if missing or unexpected:
         raise ValueError(f"{where} does not match its config.json: missing {missing[:3]}; unexpected {unexpected[:3]}")
@@ -186,7 +188,7 @@ def import_marian(hf_dir: str | Path, out: str | Path, *, force: bool = False) -
     ``out`` must be new; with ``force`` it may be a qkv checkpoint, which is replaced (never another directory).
     """
     hf_dir, out = Path(hf_dir), Path(out)
-    checkpoint.check_replaceable(out, force=force)
+    check_checkpoint_out(out, force=force)
     config = _check_directory(hf_dir)
     hf_config = _transformers().MarianConfig.from_dict(config)
     tokenizer = read_tokenizer(hf_dir, hf_config)
