@@ -9,6 +9,8 @@ whitespace-separated words of the detokenized text.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from qkv.data import collate
@@ -38,7 +40,11 @@ def align(
     else:
         if len(targets) != len(sources):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets: align needs one target per source")
-        tgt_ids = [translator.encode(t) for t in targets]
+        limit = model.config.max_len - 1  # room for the EOS
+        tgt_ids = [tokenizer.encode_target(t) for t in targets]  # a Marian tokenizer has a target model of its own
+        if any(len(ids) > limit for ids in tgt_ids):
+            warnings.warn(f"a target longer than the model's {limit} positions was cut to fit; its words past them are not aligned", stacklevel=2)
+        tgt_ids = [ids[:limit] for ids in tgt_ids]
     results: list[list[tuple[int, int]]] = [[] for _ in sources]
     todo = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
     device = next(model.parameters()).device

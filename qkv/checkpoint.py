@@ -3,7 +3,8 @@
 A checkpoint directory holds
     model.safetensors    the weights (tied tensors stored once)
     config.json          format version, the model config and the training/data configs
-    tokenizer.model      the SentencePiece model, so the directory alone translates
+    tokenizer.model      the tokenizer, so the directory alone translates: a SentencePiece model, or for
+                         an imported Marian model a JSON document holding its two (qkv.tokenizer)
 and, for checkpoints a run can resume from,
     trainer.safetensors  optimizer moments and the torch RNG states (CPU and CUDA)
     trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
@@ -48,7 +49,7 @@ from safetensors.torch import load_file, save_file, save_model
 
 from qkv.config import ModelConfig
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
@@ -69,7 +70,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     path: Path
     model: Transformer
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | MarianTokenizer
     config: dict[str, Any]  # the whole config.json
 
 
@@ -288,7 +289,7 @@ def publish_copy(source: Path, destination: Path) -> Path:
 def save(
     directory: str | Path,
     model: Transformer,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | MarianTokenizer,
     *,
     configs: dict[str, Any] | None = None,
     trainer: dict[str, Any] | None = None,
@@ -464,7 +465,7 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
     load_weights(model, tensors, str(weights))
-    tokenizer = Tokenizer.load(directory / TOKENIZER)
+    tokenizer = load_tokenizer(directory / TOKENIZER)
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 

@@ -253,7 +253,7 @@ def encode_corpus(tokenizer: Tokenizer, corpus: ParallelCorpus, max_len: int | N
     if max_len is not None and max_len <= 0:
         raise DataError(f"max_len must be positive, got {max_len}")
     src_ids = tokenizer.encode_batch(corpus.src)
-    tgt_ids = tokenizer.encode_batch(corpus.tgt)
+    tgt_ids = tokenizer.encode_target_batch(corpus.tgt)  # a Marian tokenizer segments targets with their own model
     n_truncated = 0
     if max_len is not None:
         for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):

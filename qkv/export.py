@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +32,7 @@ import torch
 from qkv import checkpoint
 from qkv.decode import DecodeConfig, length_penalty, max_output_length
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import MarianTokenizer, Tokenizer
 
 # A length penalty this small leaves CTranslate2's scores equal to the raw log-probabilities (to
 # ~1e-6 relative) but, unlike 0, turns off its early exit, so it collects beam_size finished
@@ -124,35 +125,38 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
-# What an export directory holds (``spec.save`` writes the first ones); ``--force`` replaces only such a directory.
+# What an export directory holds (``spec.save`` writes the first ones, then qkv's tokenizer files, then the
+# files of a Hugging Face Marian directory); ``--force`` replaces only such a directory.
 EXPORT_FILES = frozenset({
     "model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json",
     "target_vocabulary.json", "source_vocabulary.txt", "target_vocabulary.txt", checkpoint.TOKENIZER, "qkv_config.json",
+    "source.spm", "target.spm", "model.safetensors", "generation_config.json", "vocab.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json",
 })
 
 
 def is_export_dir(path: Path) -> bool:
-    """True for a directory written by ``export_ctranslate2`` (and nothing else in it)."""
+    """True for a directory written by ``write_export`` (and nothing else in it)."""
     if path.is_symlink() or not path.is_dir():
         return False
     names = {p.name for p in path.iterdir()}
     return "qkv_config.json" in names and names <= EXPORT_FILES and not any((path / n).is_dir() for n in names)
 
 
-def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
-    """Write the checkpoint as a CTranslate2 model directory, with its SentencePiece model beside it.
-
-    ``out`` must be new or empty; with ``force`` it may also be an earlier export, which is replaced
-    only once the new one is complete. A checkpoint, a run or any other directory is never touched.
-    """
+def check_export_out(out: str | Path, *, force: bool) -> Path:
+    """Refuse ``out`` unless it is new, empty, or (with ``force``) an earlier export; before any work is done."""
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
         if not is_export_dir(out):
             raise ValueError(f"{out} exists and is not an earlier qkv export: refusing to write into it (even with --force)")
         if not force:
             raise ValueError(f"{out} holds an earlier export; pass --force to replace it")
-    loaded = checkpoint.load(checkpoint_dir)
-    spec = ctranslate2_spec(loaded.model, loaded.tokenizer)
+    return out
+
+
+def write_export(out: Path, checkpoint_dir: Path, fill: Callable[[Path], None]) -> Path:
+    """Write an export into ``OUT.tmp/`` (``fill(tmp)``, then the checkpoint's config as ``qkv_config.json``)
+    and put it in place of ``out`` only once complete. Call ``check_export_out`` first."""
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         if not (is_export_dir(tmp) or (tmp.is_dir() and not any(tmp.iterdir()))):
@@ -160,16 +164,40 @@ def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bo
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
-        spec.save(str(tmp))
-        loaded.tokenizer.save(tmp / checkpoint.TOKENIZER)
-        shutil.copyfile(loaded.path / checkpoint.CONFIG, tmp / "qkv_config.json")
-        if out.exists():  # empty, or an earlier export (checked above)
+        fill(tmp)
+        shutil.copyfile(checkpoint_dir / checkpoint.CONFIG, tmp / "qkv_config.json")
+        unknown = sorted(p.name for p in tmp.iterdir() if p.name not in EXPORT_FILES)
+        if unknown:  # --force could not replace it later: fail now, naming the file
+            raise RuntimeError(f"the export wrote files qkv does not know ({', '.join(unknown)}); please report this")
+        if out.exists():  # empty, or an earlier export (checked by check_export_out)
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """Write the checkpoint as a CTranslate2 model directory, with its SentencePiece model(s) beside it
+    (``tokenizer.model``, or for an imported Marian model ``source.spm`` and ``target.spm``).
+
+    ``out`` must be new or empty; with ``force`` it may also be an earlier export, which is replaced
+    only once the new one is complete. A checkpoint, a run or any other directory is never touched.
+    """
+    out = check_export_out(out, force=force)
+    loaded = checkpoint.load(checkpoint_dir)
+    spec = ctranslate2_spec(loaded.model, loaded.tokenizer)
+
+    def fill(tmp: Path) -> None:
+        spec.save(str(tmp))
+        if isinstance(loaded.tokenizer, MarianTokenizer):
+            (tmp / "source.spm").write_bytes(loaded.tokenizer.source_spm)
+            (tmp / "target.spm").write_bytes(loaded.tokenizer.target_spm)
+        else:
+            loaded.tokenizer.save(tmp / checkpoint.TOKENIZER)
+
+    return write_export(out, loaded.path, fill)
 
 
 def ct2_translate_ids(

@@ -6,6 +6,7 @@ user passed ``--force``; a file that is also an input is always refused (writing
 before it is read); and the new content goes to a temporary file in the same directory that replaces
 the target only once it is complete, so a crash or a full disk leaves the previous file as it was.
 (``attend``'s pictures are checked with ``check_output`` and written in place by matplotlib.)
+Commands that write a checkpoint directory (``average``, ``import``) check it with ``check_checkpoint_out``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_checkpoint_out(out: str | Path, *, force: bool) -> Path:
+    """Refuse ``out`` for a new checkpoint (before any work) unless it is new, or ``force`` is given and
+    it is a qkv checkpoint: the rule of ``average --out`` and ``import marian --out``."""
+    from qkv.checkpoint import is_checkpoint_dir
+
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise ValueError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
+        if not is_checkpoint_dir(out):
+            raise ValueError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
+    return out
 
 
 def output_or_stdout(path: str | Path | None, *, force: bool, inputs: tuple[str | Path | None, ...] = ()):

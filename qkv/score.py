@@ -64,7 +64,7 @@ def score_pairs(
     model.eval()
     limit = model.config.max_len - 1  # room for EOS (source) and BOS/EOS (target)
     src_ids = [_truncated(tokenizer.encode(s), limit, "source", i + 1) for i, s in enumerate(sources)]
-    tgt_ids = [_truncated(tokenizer.encode(t), limit, "target", i + 1) for i, t in enumerate(targets)]
+    tgt_ids = [_truncated(tokenizer.encode_target(t), limit, "target", i + 1) for i, t in enumerate(targets)]
     device = next(model.parameters()).device
     lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
     results: list[PairScore | None] = [None] * len(sources)

@@ -38,7 +38,7 @@ from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
 from qkv.rundir import RunLog, clear_run, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import Tokenizer, load_tokenizer
 from qkv.translate import Translator
 
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on the others.
@@ -89,7 +89,7 @@ class Trainer:
             texts = self.train_data.src + self.train_data.tgt
             tokenizer = Tokenizer.train(texts, data.vocab_size, tokenizer_path, seed=train.seed)
         distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
-        self.tokenizer = tokenizer or Tokenizer.load(tokenizer_path)
+        self.tokenizer = tokenizer or load_tokenizer(tokenizer_path)
         tok = self.tokenizer
         self.model_config = model_config.replace(
             src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id

@@ -251,6 +251,8 @@ class _WordTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [[len(word) for word in text.split()] for text in texts]
 
+    encode_target_batch = encode_batch  # one vocabulary for both sides, as qkv's own tokenizer
+
 
 def test_encode_corpus_truncates_and_counts():
     corpus = ParallelCorpus(src=["a bb ccc", "a", "a b"], tgt=["a", "a b c d", "a b"], skipped_empty=0, name="x")

@@ -1,0 +1,279 @@
+"""Hugging Face Marian (OPUS-MT) directories <-> qkv checkpoints: ``qkv import marian`` and ``qkv export --format marian``.
+
+A Marian directory is what ``save_pretrained`` writes for a ``MarianMTModel`` and its ``MarianTokenizer``:
+    config.json                              the model's config (``model_type`` "marian")
+    model.safetensors or pytorch_model.bin   the weights
+    source.spm, target.spm                   a SentencePiece model for each side
+    vocab.json                               one vocabulary: piece -> id, for both sides
+    tokenizer_config.json                    the special tokens and languages (optional)
+No hub is contacted: the user supplies the directory. Weights are read without unpickling anything:
+safetensors, or a ``pytorch_model.bin`` through ``torch.load(weights_only=True)``, which refuses a
+pickle that holds more than tensors. The weights are converted by ``qkv.convert.from_marian``; the
+tokenizer becomes a ``qkv.tokenizer.MarianTokenizer``, stored in the checkpoint's ``tokenizer.model``.
+``transformers`` is imported only when a function here is called.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qkv import checkpoint
+from qkv.convert import from_marian, to_marian
+from qkv.export import check_export_out, write_export
+from qkv.outputs import check_checkpoint_out
+from qkv.tokenizer import MarianTokenizer, Tokenizer, TokenizerError
+
+HF_CONFIG, SAFETENSORS, PYTORCH_BIN = "config.json", "model.safetensors", "pytorch_model.bin"
+SPM_FILES, VOCAB, TOKENIZER_CONFIG = ("source.spm", "target.spm"), "vocab.json", "tokenizer_config.json"
+# Generation settings of the original model, kept in the checkpoint and written back on export, so that
+# ``generate()`` on an exported OPUS-MT model searches as the original did (not with transformers' defaults).
+GENERATION_KEYS = ("bad_words_ids", "num_beams", "max_length")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise RuntimeError("Marian import and export need the transformers package: pip install 'qkv[marian]'") from None
+    return transformers
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Without transformers' progress bars and its advice to install sacremoses (which MarianTokenizer
+    uses only in a ``normalize`` method that tokenizing never calls)."""
+    logging = _transformers().utils.logging
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
+            yield
+    finally:
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+
+
+def _token(value: Any, default: str) -> str:
+    """A special token from tokenizer_config.json: a string, or an AddedToken's {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else default
+
+
+def _check_directory(hf_dir: Path) -> dict[str, Any]:
+    """The parsed config.json of a Marian directory, after checking that it holds every file needed."""
+    if not hf_dir.is_dir():
+        raise ValueError(f"{hf_dir} is not a directory (give the directory save_pretrained wrote)")
+    if not (hf_dir / HF_CONFIG).is_file():
+        raise ValueError(f"{hf_dir} is not a Hugging Face model directory: it has no {HF_CONFIG}")
+    config = _read_json(hf_dir / HF_CONFIG)
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != "marian":
+        raise ValueError(f"{hf_dir} is not a Marian model: its {HF_CONFIG} says model_type {model_type!r}, not 'marian'")
+    missing = [name for name in (*SPM_FILES, VOCAB) if not (hf_dir / name).is_file()]
+    if missing:
+        raise ValueError(f"{hf_dir} has no {', '.join(missing)}: save the model's MarianTokenizer into it too (tokenizer.save_pretrained)")
+    if (hf_dir / "target_vocab.json").exists():
+        raise ValueError(f"{hf_dir} has separate source and target vocabularies (target_vocab.json): qkv supports one shared vocab.json")
+    if not (hf_dir / SAFETENSORS).is_file() and not (hf_dir / PYTORCH_BIN).is_file():
+        sharded = " (sharded weights are not supported)" if any(hf_dir.glob("*.index.json")) else ""
+        raise ValueError(f"{hf_dir} has no {SAFETENSORS} or {PYTORCH_BIN}{sharded}")
+    return config
+
+
+def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a Marian directory: model.safetensors, else pytorch_model.bin as plain tensors only."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if (hf_dir / SAFETENSORS).is_file():
+        try:
+            return load_file(str(hf_dir / SAFETENSORS))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise ValueError(f"{hf_dir / SAFETENSORS} cannot be read as safetensors ({error})") from None
+    path = hf_dir / PYTORCH_BIN
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"{path} holds more than tensors (its pickle would run code), so it was not loaded: "
+            f"use the model's {SAFETENSORS} instead (OPUS-MT models publish one)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        raise ValueError(f"{path} cannot be read as PyTorch weights ({str(error).splitlines()[0]})") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        raise ValueError(f"{path} is not a state dict (names -> tensors)")
+    return weights
+
+
+def _marian_model(hf_config: Any, weights: dict[str, torch.Tensor], where: Path) -> Any:
+    """A ``MarianMTModel`` holding ``weights``: every parameter loaded, or tied to one that was."""
+    model = _transformers().MarianMTModel(hf_config).eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    state = model.state_dict()
+    loaded = {t.data_ptr() for name, t in state.items() if name in weights}
+    positions = "embed_positions"  # the sinusoidal tables, which the model computes itself
+    missing = [n for n in missing if positions not in n and state[n].data_ptr() not in loaded]
+    unexpected = [n for n in unexpected if positions not in n]
+    if missing or unexpected:
+        raise ValueError(f"{where} does not match its config.json: missing {missing[:3]}; unexpected {unexpected[:3]}")
+    return model
+
+
+def _check_positions(weights: dict[str, torch.Tensor], table: torch.Tensor, where: Path) -> None:
+    """Positional tables stored with the weights (older files have them) must be the sinusoids qkv computes
+    (``table``: (max_len, d_model), split layout); qkv has no learned positions to put anything else in."""
+    for name, stored in weights.items():
+        if "embed_positions" in name and (stored.shape != table.shape or not torch.allclose(stored.float(), table, atol=1e-4)):
+            raise ValueError(f"{where}: {name} is not Marian's sinusoidal table, which is all qkv can represent")
+
+
+def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
+    """The qkv ``MarianTokenizer`` of a Marian directory, checked against the model's config."""
+    settings = _read_json(hf_dir / TOKENIZER_CONFIG) if (hf_dir / TOKENIZER_CONFIG).is_file() else {}
+    if not isinstance(settings, dict):
+        raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} is not a JSON object")
+    if settings.get("separate_vocabs"):
+        raise ValueError(f"{hf_dir} has separate source and target vocabularies: qkv supports one shared vocab.json")
+    special = [_token(settings.get(f"{role}_token"), default) for role, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>"))]
+    added = settings.get("added_tokens_decoder") or {}
+    added = [_token(t, "") for t in (added.values() if isinstance(added, dict) else added)]
+    extra = sorted({t for t in [*added, *map(str, settings.get("additional_special_tokens") or [])] if t not in special})
+    if extra:  # transformers would give them ids of their own and split sentences at them
+        raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} adds tokens qkv's Marian tokenizer does not have ({', '.join(extra[:3])})")
+    try:
+        tokenizer = MarianTokenizer(
+            source_spm=(hf_dir / SPM_FILES[0]).read_bytes(), target_spm=(hf_dir / SPM_FILES[1]).read_bytes(),
+            vocab=_read_json(hf_dir / VOCAB), decoder_start_id=hf_config.decoder_start_token_id,
+            eos=special[0], unk=special[1], pad=special[2], source_lang=settings.get("source_lang"),
+            target_lang=settings.get("target_lang"),
+            clean_up_tokenization_spaces=settings.get("clean_up_tokenization_spaces", False), name=str(hf_dir),
+        )
+    except TokenizerError as error:
+        raise ValueError(str(error)) from None
+    expected = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id}
+    for key, value in expected.items():
+        if getattr(hf_config, key) != value:
+            raise ValueError(f"{hf_dir}: config.json has {key} {getattr(hf_config, key)}, the tokenizer files make it {value}")
+    return tokenizer
+
+
+def _generation(hf_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The original generation settings (generation_config.json over config.json), for the export."""
+    path = hf_dir / "generation_config.json"
+    generation = _read_json(path) if path.is_file() else {}
+    sources = [generation, config] if isinstance(generation, dict) else [config]
+    return {key: next(s[key] for s in sources if key in s) for key in GENERATION_KEYS if any(key in s for s in sources)}
+
+
+def import_marian(hf_dir: str | Path, out: str | Path, *, force: bool = False) -> checkpoint.Checkpoint:
+    """Convert a local Marian directory into the qkv checkpoint ``out``; returns it, loaded.
+
+    ``out`` must be new; with ``force`` it may be a qkv checkpoint, which is replaced (never another directory).
+    """
+    hf_dir, out = Path(hf_dir), Path(out)
+    check_checkpoint_out(out, force=force)
+    config = _check_directory(hf_dir)
+    hf_config = _transformers().MarianConfig.from_dict(config)
+    tokenizer = read_tokenizer(hf_dir, hf_config)
+    weights = read_weights(hf_dir)
+    model = from_marian(_marian_model(hf_config, weights, hf_dir))
+    _check_positions(weights, model.positions.table.float(), hf_dir)
+    languages = {"src_lang": tokenizer.source_lang, "tgt_lang": tokenizer.target_lang}
+    configs = {
+        "marian": {"source": str(hf_dir.resolve()), "generation": _generation(hf_dir, config)},
+        # evaluate and export default to Multi30k in these languages, as for a checkpoint qkv trained
+        "data": {k: v for k, v in languages.items() if v},
+    }
+    checkpoint.save(out, model, tokenizer, configs=configs)
+    return checkpoint.load(out)
+
+
+def marian_tokenizer(tokenizer: Tokenizer | MarianTokenizer) -> MarianTokenizer:
+    """``tokenizer`` as a Marian tokenizer. qkv's joint SentencePiece model becomes both sides' model,
+    its pieces in id order the vocabulary, so ``transformers.MarianTokenizer`` gives the same ids
+    (except for text holding a special token's string, e.g. "</s>", which transformers reads as that token)."""
+    if isinstance(tokenizer, MarianTokenizer):
+        return tokenizer
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+    eos, unk, pad = tokenizer.pieces([tokenizer.eos_id, tokenizer.unk_id, tokenizer.pad_id])
+    return MarianTokenizer(
+        source_spm=tokenizer.model_proto, target_spm=tokenizer.model_proto, vocab={p: i for i, p in enumerate(pieces)},
+        decoder_start_id=tokenizer.bos_id, eos=eos, unk=unk, pad=pad, name=tokenizer.name,
+    )
+
+
+def export_marian(checkpoint_dir: str | Path, out: str | Path, *, force: bool = False) -> Path:
+    """Write the checkpoint as a Hugging Face Marian directory that ``MarianMTModel.from_pretrained`` and
+    ``MarianTokenizer.from_pretrained`` load. Post-LN models only (Marian's architecture); ``out`` as
+    for ``export_ctranslate2``: new or empty, or with ``force`` an earlier export."""
+    _transformers()  # before any work: a clear error without it
+    out = check_export_out(out, force=force)
+    loaded = checkpoint.load(checkpoint_dir)
+    if loaded.model.config.norm_first:
+        raise ValueError("this model is pre-LN (norm_first); Marian is post-LN, so it cannot hold it")
+    tokenizer = marian_tokenizer(loaded.tokenizer)
+    if tokenizer.vocab_size != loaded.model.config.src_vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces, the model {loaded.model.config.src_vocab_size} embeddings")
+    hf = to_marian(loaded.model, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    for key, value in loaded.config.get("marian", {}).get("generation", {}).items():
+        setattr(hf.generation_config, key, value)
+
+    def fill(tmp: Path) -> None:
+        with _quiet():
+            _write_marian(tmp, hf, tokenizer)
+
+    return write_export(out, loaded.path, fill)
+
+
+def _write_marian(tmp: Path, hf: Any, tokenizer: MarianTokenizer) -> None:
+    hf.save_pretrained(tmp)
+    for name, data in zip(SPM_FILES, (tokenizer.source_spm, tokenizer.target_spm)):
+        (tmp / name).write_bytes(data)
+    (tmp / VOCAB).write_text(json.dumps(tokenizer.vocab, ensure_ascii=False, indent=2), encoding="utf-8")
+    special = {f"{role}_token": token for role, token in tokenizer.special.items()}
+    hf_tokenizer = _transformers().MarianTokenizer(
+        str(tmp / SPM_FILES[0]), str(tmp / SPM_FILES[1]), str(tmp / VOCAB), source_lang=tokenizer.source_lang,
+        target_lang=tokenizer.target_lang, clean_up_tokenization_spaces=tokenizer.clean_up_tokenization_spaces, **special,
+    )
+    hf_tokenizer.save_pretrained(tmp)  # tokenizer_config.json in this transformers version's format
+
+
+def check_export(checkpoint_dir: str | Path, marian_dir: str | Path, sources: list[str]) -> tuple[int, int, float]:
+    """Compare an export with its checkpoint on the first 64 non-empty ``sources``: their number, on how many
+    ``transformers.MarianTokenizer`` (loaded from ``marian_dir``) gives the same ids as qkv's tokenizer, and
+    the largest absolute difference between the logits of ``MarianMTModel.from_pretrained(marian_dir)``
+    and qkv's model, teacher-forced with each sentence's target-side ids as its target."""
+    transformers = _transformers()
+    loaded = checkpoint.load(checkpoint_dir)
+    tok, model = loaded.tokenizer, loaded.model
+    with _quiet():
+        hf_tok = transformers.MarianTokenizer.from_pretrained(str(marian_dir))
+        hf = transformers.MarianMTModel.from_pretrained(str(marian_dir)).eval()
+    sources = [s for s in sources if s.strip()][:64]  # the logits of 64 sentences say enough
+    src_ids = [tok.encode(s) + [tok.eos_id] for s in sources]
+    same = sum(hf_tok(s)["input_ids"] == ids for s, ids in zip(sources, src_ids))
+    limit, worst = model.config.max_len - 1, 0.0
+    with torch.no_grad():
+        for source, src in zip(sources, src_ids):
+            src_t = torch.tensor([src[:-1][:limit] + [tok.eos_id]])
+            tgt_t = torch.tensor([[tok.bos_id, *tok.encode_target(source)[: limit - 1]]])
+            theirs = hf(input_ids=src_t, decoder_input_ids=tgt_t).logits
+            worst = max(worst, float((model(src_t, tgt_t) - theirs).abs().max()))
+    return len(sources), same, worst
