@@ -95,7 +95,7 @@ def check_greedy_equals_beam_of_one(model: Transformer | None = None, sources: l
 
     model = model or _random_model(seed)
     sources = sources or _random_sources(16, seed)
-    src = collate_sources(sources, pad_id=pad_id, eos_id=eos_id)
+    src = collate_sources(sources, pad_id=pad_id, eos_id=eos_id).to(model.device)
     config = DecodeConfig(beam_size=1, max_len_b=8)
     greedy = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)
     beam = [h[0].tokens for h in beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)]
@@ -113,7 +113,7 @@ def check_batch_invariance(model: Transformer | None = None, sources: list[list[
     config = DecodeConfig(beam_size=beam_size, max_len_b=8)
 
     def run(batch: list[list[int]]) -> list[list[int]]:
-        src = collate_sources(batch, pad_id=pad_id, eos_id=eos_id)
+        src = collate_sources(batch, pad_id=pad_id, eos_id=eos_id).to(model.device)
         return [h[0].tokens for h in search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)]
 
     alone = [run([s])[0] for s in sources]
@@ -138,11 +138,12 @@ def run_checks(checks=MECHANISM_CHECKS) -> list[CheckResult]:
     return [check() for check in checks]
 
 
-def checkpoint_checks(path: str) -> list[CheckResult]:
-    """The decoding checks on a user's own checkpoint, with sentences from its tokenizer's vocabulary."""
+def checkpoint_checks(path: str, device: str | torch.device = "cpu") -> list[CheckResult]:
+    """The decoding checks on a user's own checkpoint, with sentences from its tokenizer's vocabulary,
+    on ``device``."""
     from qkv import checkpoint
 
-    loaded = checkpoint.load(path)
+    loaded = checkpoint.load(path, device=device)
     tok = loaded.tokenizer
     sentences = [
         "A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.", "A little girl is reading a book.",

@@ -27,6 +27,7 @@ def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", help="also check decoding on this model: greedy == beam 1, batch invariance")
+    _device_arg(p)
     p.add_argument(
         "--resume", action="store_true",
         help="also prove resume is exact here: kill a tiny training run with SIGKILL, resume it, compare bitwise (~1 min)",
@@ -37,9 +38,13 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 def doctor(args: argparse.Namespace) -> int:
     from qkv.checks import check_resume_exactness, checkpoint_checks, run_checks
 
+    from qkv.devices import describe
+
+    device = _device(args)
+    print(f"device: {describe(device)}")
     results = run_checks()
     if args.checkpoint:
-        results += checkpoint_checks(args.checkpoint)
+        results += checkpoint_checks(args.checkpoint, device)
     if args.resume:
         results.append(check_resume_exactness())
     for r in results:
@@ -79,6 +84,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
     p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
+    p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process uses its rank's device")
     p.add_argument("--accumulate", type=int, metavar="K", help="sum K batches per optimizer step, per process")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast on a GPU (ignored on the CPU)")
 
@@ -106,9 +112,11 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.rundir import check_new_run
     from qkv.stopping import StopRequested
     from qkv import checkpoint
+    from qkv.devices import describe
     from qkv.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
     from qkv.train import Trainer, build_configs
 
+    device = None if ctx.enabled else _device(args)  # torchrun gives each process its device
     train_overrides = parse_overrides(args.train)
     for key, value in [
         ("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed),
@@ -137,7 +145,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
         if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
             _check_resume_agrees(args.resume, *build_configs(args.preset or "multi30k", model=parse_overrides(args.model), train={}, data=data))
-        trainer = Trainer.resume(args.resume, **train_overrides)
+        trainer = Trainer.resume(args.resume, device=device, **train_overrides)
     else:
         file = read_config_file(args.config) if args.config else {}
         preset = args.preset or file.get("preset", "multi30k")
@@ -158,12 +166,12 @@ def _train(args: argparse.Namespace, ctx) -> int:
         problem = check_new_run(Path(args.out), overwrite=args.overwrite)
         if distributed.any_rank([problem is not None], ctx)[0]:
             raise ValueError(problem or f"--out {args.out} was refused by another process")
-        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent)
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent, device=device)
         if trainer.deleted:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
-        where = f" in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else ""
-        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs{where} -> {trainer.run_dir}", file=sys.stderr)
+        where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
+        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)
     except StopRequested as stop:
@@ -213,8 +221,30 @@ def _decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=2048, help="padded source tokens per batch, whatever the beam (default 2048)")
 
 
+def _device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N")
+
+
+def _device(args: argparse.Namespace):
+    from qkv.devices import resolve_device
+
+    return resolve_device(args.device)
+
+
 def _int8_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (README: Benchmarks)")
+
+
+def _int8_device(args: argparse.Namespace):
+    """The device of a decoding command; ``--int8`` runs on the CPU, so with it ``auto`` means the CPU."""
+    from qkv.devices import resolve_device
+
+    if args.int8 and args.device == "auto":
+        return resolve_device("cpu")
+    device = resolve_device(args.device)
+    if args.int8 and device.type != "cpu":
+        raise ValueError(f"--int8 runs on the CPU: leave out --device {args.device} (or give --device cpu)")
+    return device
 
 
 def _decode_config(args: argparse.Namespace, n_best: int = 1):
@@ -230,6 +260,7 @@ def _decode_config(args: argparse.Namespace, n_best: int = 1):
 def _translate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
     _int8_arg(p)
+    _device_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
@@ -251,7 +282,8 @@ def translate(args: argparse.Namespace) -> int:
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
         check_output(args.output, force=args.force, inputs=(args.input,))
     translator = Translator.from_checkpoint(
-        args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens, int8=args.int8
+        args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens, int8=args.int8,
+        device=_int8_device(args),
     )
     with contextlib.ExitStack() as stack:
         if args.input:
@@ -267,6 +299,7 @@ def translate(args: argparse.Namespace) -> int:
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
     _int8_arg(p)
+    _device_arg(p)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
@@ -288,7 +321,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     if args.save:
         check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file))
-    loaded = checkpoint.load(args.checkpoint)
+    loaded = checkpoint.load(args.checkpoint, device=_int8_device(args))
     if args.src_file or args.ref_file:
         if not (args.src_file and args.ref_file):
             raise ValueError("give both --src-file and --ref-file")

@@ -267,6 +267,11 @@ class Transformer(nn.Module):
             return logits
         return self.decode_hidden(tgt, memory, src_mask)[0]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (the embeddings: they stay fp32 even in an int8 copy)."""
+        return self.src_embed.weight.device
+
     def new_state(self, capacity: int = 16) -> DecoderState:
         """An empty ``DecoderState``; ``capacity``: the output length its caches hold without growing."""
         return DecoderState.empty(len(self.decoder_layers), capacity)

@@ -32,6 +32,7 @@ from qkv import checkpoint, distributed, speed
 from qkv.config import ModelConfig, config_from_dict
 from qkv.data import collate, encode_corpus, token_batches
 from qkv.decode import DecodeConfig
+from qkv.devices import resolve_device
 from qkv.evaluate import score
 from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
@@ -63,14 +64,16 @@ class Trainer:
 
     def __init__(
         self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *,
-        start_over: bool = False, init_from: checkpoint.Checkpoint | None = None,
+        start_over: bool = False, init_from: checkpoint.Checkpoint | None = None, device: torch.device | None = None,
     ) -> None:
         """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
-        has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went."""
+        has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went.
+        ``device``: where a single process trains (default: the first GPU if there is one, else the
+        CPU); under torchrun each process takes the device its rank was given."""
         self.run_dir = Path(run_dir)
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
-        self.device = self.dist.device
+        self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
         if train.threads:
             torch.set_num_threads(train.threads)
         if train.tune_allocator:  # process-wide, from here on (qkv.speed)
@@ -127,7 +130,7 @@ class Trainer:
         self.stop = StopSignals()  # handles signals only while run() is inside it
 
     @classmethod
-    def resume(cls, run_dir: str | Path, **train_overrides: Any) -> Trainer:
+    def resume(cls, run_dir: str | Path, *, device: torch.device | None = None, **train_overrides: Any) -> Trainer:
         """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position.
 
         Overrides that could not take effect are refused (ValueError): Adam's betas, eps and weight
@@ -153,7 +156,7 @@ class Trainer:
             tmp = tokenizer_path.with_name(tokenizer_path.name + ".tmp")
             tmp.write_bytes(saved_tokenizer)
             os.replace(tmp, tokenizer_path)
-        trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]))
+        trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device)
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)

@@ -80,9 +80,11 @@ class Translator:
         self.max_sentences = max_sentences
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, config: DecodeConfig | None = None, *, int8: bool = False, **kwargs) -> Translator:
-        """``int8``: decode with int8 linear layers (``qkv.quantize``), an approximation of the model."""
-        loaded = checkpoint.load(path)
+    def from_checkpoint(
+        cls, path: str | Path, config: DecodeConfig | None = None, *, int8: bool = False, device: str | torch.device = "cpu", **kwargs
+    ) -> Translator:
+        """``int8``: decode with int8 linear layers (``qkv.quantize``, CPU only), an approximation of the model."""
+        loaded = checkpoint.load(path, device=device)
         model = int8_model(loaded.model) if int8 else loaded.model
         return cls(model, loaded.tokenizer, config, **kwargs)
 
@@ -111,7 +113,7 @@ class Translator:
         for batch in batches:
             indices = [todo[j] for j in batch]
             src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
-            src = src.to(self.model.src_embed.weight.device)  # the model's device (a GPU while training)
+            src = src.to(self.model.device)  # the model's device (a GPU while training, or with --device)
             seeds = [sentence_seed(self.config.seed, src_ids[i]) for i in indices] if self.config.sampling else None
             hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds)
             for i, h in zip(indices, hyps):
