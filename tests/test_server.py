@@ -705,40 +705,79 @@ def test_a_batch_holds_at_most_max_request_work(model_dir, max_work, batches):
     assert stats["batches"] == batches, stats
 
 
-def test_page_numbers_layers_and_heads_from_1(tmp_path):
-    """Run the page's script in Node with a minimal DOM stand-in and read the layer and head menus."""
+PAGE_DOM = """
+class Node {
+  constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {}; this.dataset = {};
+    this.classList = {toggle() {}}; this.value = ""; this.textContent = ""; this.checked = false; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  append(...nodes) { this.children.push(...nodes); }
+  replaceChildren(...nodes) { this.children = nodes; }
+  addEventListener() {}
+  querySelectorAll() { return []; }
+}
+const nodes = {};
+globalThis.document = {
+  getElementById: (id) => (nodes[id] = nodes[id] || new Node("div")),
+  createElement: (tag) => new Node(tag),
+  querySelectorAll: () => [],
+};
+const requests = [];  // the bodies the page posts
+let reply = null;  // what the stand-in server answers
+globalThis.fetch = async (url, options) => {
+  if (!options) throw new Error("offline");  // GET /v1/model
+  requests.push(JSON.parse(options.body));
+  return {ok: true, json: async () => reply};
+};
+const text = (node) => typeof node === "string" ? node : node.textContent + node.children.map(text).join("");
+const L = 3, H = 4, row = [[0.5, 0.5]];
+const capture = {src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))};
+"""
+
+
+def run_page(tmp_path, run_it: str) -> dict:
+    """Run the page's script in Node with a minimal DOM stand-in (PAGE_DOM), then ``run_it``, which
+    prints one JSON object."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("needs Node.js to run the page's script")
     script = re.search(r"<script>(.*)</script>", (ROOT / "qkv" / "server.html").read_text(), re.S).group(1)
-    dom = """
-    class Node {
-      constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {}; this.dataset = {};
-        this.classList = {toggle() {}}; this.value = ""; this.textContent = ""; }
-      setAttribute(k, v) { this.attrs[k] = String(v); }
-      append(...nodes) { this.children.push(...nodes); }
-      replaceChildren(...nodes) { this.children = nodes; }
-      addEventListener() {}
-      querySelectorAll() { return []; }
-    }
-    const nodes = {};
-    globalThis.document = {
-      getElementById: (id) => (nodes[id] = nodes[id] || new Node("div")),
-      createElement: (tag) => new Node(tag),
-      querySelectorAll: () => [],
-    };
-    globalThis.fetch = async () => { throw new Error("offline"); };
-    """
-    run_it = """
-    const L = 3, H = 4, row = [[0.5, 0.5]];
-    captures = [{src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))}];
+    (tmp_path / "page.js").write_text(PAGE_DOM + script + run_it)
+    run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_page_numbers_layers_and_heads_from_1(tmp_path):
+    menus = run_page(tmp_path, """
+    captures = [capture];
     showResults(["a"], ["b"]);
     const menu = (id) => nodes[id].children.map((o) => [o.attrs.value, o.textContent]);
     console.log(JSON.stringify({layer: menu("layer"), head: menu("head")}));
-    """
-    (tmp_path / "page.js").write_text(dom + script + run_it)
-    run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    menus = json.loads(run.stdout)
+    """)
     assert menus["layer"] == [["0", "1"], ["1", "2"], ["2", "3"]]
     assert menus["head"] == [["avg", "average"], ["0", "1"], ["1", "2"], ["2", "3"], ["3", "4"]]
+
+
+def test_page_asks_for_n_best_or_a_sample_and_shows_the_scores(tmp_path):
+    shown = run_page(tmp_path, """
+    (async () => {
+      $("input").value = "a";
+      $("beam").value = "4";
+      $("nbest").value = "2";
+      reply = {translations: ["b"], n_best: [[{translation: "b", score: -0.51}, {translation: "c", score: -0.75}]],
+               attention: [capture]};
+      await translate();
+      const listed = text($("results"));
+      $("sample").checked = true;
+      $("seed").value = "7";
+      reply = {translations: ["d"], attention: [capture]};
+      await translate();
+      console.log(JSON.stringify({requests, listed, status: $("status").textContent}));
+    })();
+    """)
+    assert shown["requests"] == [
+        {"texts": ["a"], "attention": True, "beam_size": 4, "n_best": 2},
+        {"texts": ["a"], "attention": True, "sampling": True, "seed": 7},
+    ]
+    assert shown["listed"] == "a → b-0.5100b-0.7500c", shown
+    assert "sentence(s)" in shown["status"], shown
