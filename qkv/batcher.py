@@ -42,9 +42,9 @@ from qkv.visualize import attention_of
 log = logging.getLogger("qkv.server")
 
 # Units of work per output token of sampling (a token of beam search costs the beam size). Each step
-# draws from the whole vocabulary: top_k selects from it, top_p sorts it. Measured on one CPU thread,
-# time per token relative to greedy search: plain sampling 1.1-1.4x, top_k 1.1-2.2x, top_p 1.3-11.7x
-# (the tiny, transformer-tiny and base presets with 60 to 32,000 tokens; beam 16 was 1.2-1.5x per unit).
+# draws from the whole vocabulary: top_k selects from it, top_p sorts it. benchmarks/sampling_cost.py
+# timed each, per unit, against greedy search on one CPU thread: plain sampling 0.95-1.43x, top_k
+# 1.03-2.35x, top_p 1.34-11.61x (the most: small models with large vocabularies); beam 16 0.63-2.13x.
 SAMPLED_TOKEN_WORK = 1
 TOP_K_TOKEN_WORK = 2
 TOP_P_TOKEN_WORK = 12
