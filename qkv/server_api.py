@@ -70,7 +70,7 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
     BeamSize = _whole_number_between(1, MAX_BEAM)
     OutputLength = _whole_number_between(1, max_output)
     NBest = _whole_number_between(1, MAX_BEAM)
-    Temperature = _number_between(0.01, 100)  # below, float32 logits / temperature could overflow
+    Temperature = _number_between(0.01, 100)  # 0.01 is already greedy in practice; far less overflows float32
     TopK = _whole_number_between(0, vocab_size)
     TopP = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
     Seed = _whole_number_between(0, 2**53 - 1)  # the integers JavaScript holds exactly
@@ -109,16 +109,19 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"
         )
         temperature: Temperature = Field(
-            SAMPLING_DEFAULTS["temperature"], description="with sampling: divide the logits by this (lower: closer to greedy search)"
+            SAMPLING_DEFAULTS["temperature"],
+            description="with sampling: divide the logits by this (lower: closer to greedy search)",
         )
         top_k: TopK = Field(
             SAMPLING_DEFAULTS["top_k"], description="with sampling: draw only among the k most likely tokens (0: all)"
         )
         top_p: TopP = Field(
-            SAMPLING_DEFAULTS["top_p"], description="with sampling: draw only among the most likely tokens that hold this probability"
+            SAMPLING_DEFAULTS["top_p"],
+            description="with sampling: draw only among the most likely tokens that together hold this probability",
         )
         seed: Seed = Field(
-            SAMPLING_DEFAULTS["seed"], description="with sampling: the same text and seed give the same sample, however it is batched"
+            SAMPLING_DEFAULTS["seed"],
+            description="with sampling: the same text and seed give the same sample, however it is batched",
         )
 
         @field_validator("texts")
