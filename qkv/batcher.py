@@ -43,8 +43,8 @@ log = logging.getLogger("qkv.server")
 
 # Units of work per output token of sampling (a token of beam search costs the beam size). Each step
 # draws from the whole vocabulary: top_k selects from it, top_p sorts it. benchmarks/sampling_cost.py
-# timed each, per unit, against greedy search on one CPU thread: plain sampling 0.95-1.43x, top_k
-# 1.03-2.35x, top_p 1.34-11.61x (the most: small models with large vocabularies); beam 16 0.63-2.13x.
+# timed each, per unit, against greedy search on one CPU thread: plain sampling 1.00-1.45x, top_k
+# 1.06-2.40x, top_p 1.37-12.56x (the most: small models with large vocabularies); beam 16 0.90-1.17x.
 SAMPLED_TOKEN_WORK = 1
 TOP_K_TOKEN_WORK = 2
 TOP_P_TOKEN_WORK = 12
