@@ -5,9 +5,14 @@ sentences, ``max_batch_tokens`` source tokens and ``max_batch_work`` units of wo
 ``max_wait_ms`` for more), groups it by decoding settings and translates each group as one batch in a
 worker thread. The answer is serialized to JSON in that thread too, never on the event loop.
 
-Work is what a request asks the decoder for: for each non-empty text, beam size x the most output
-tokens the search may produce for it (``qkv.decode.max_output_length``); an empty text counts 1. The
-queue counts work, admitted and not yet answered, so a full queue means a bounded wait, not a long list.
+Work is what a request asks the decoder for: for each non-empty text, the most output tokens the
+search may produce for it (``qkv.decode.max_output_length``) times the units each token costs
+(``Settings.work_per_token``: the beam size, or the price of a sampled token, plus one when a greedy
+or sampled output is scored); an empty text counts 1. The queue counts work, admitted and not yet
+answered, so a full queue means a bounded wait, not a long list.
+
+Requests share a batch only when they ask for the same search (``Settings.search``); what changes
+only the answer (how many of the n best, attention) is applied to each request's share of the results.
 
 A request whose client went away (or timed out) is dropped from the queue, and a batch nobody waits
 for any more stops at its next decoding step (a hook on the model's output layer checks between steps).
@@ -18,24 +23,71 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import Tensor
 
-from qkv.decode import DecodeConfig, max_output_length
+from qkv.decode import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model import Transformer
+from qkv.score import target_log_probs
 from qkv.tokenizer import Tokenizer
 from qkv.translate import Translator
-from qkv.visualize import capture_attention
+from qkv.visualize import attention_of
 
 log = logging.getLogger("qkv.server")
 
-# The decoding settings that must be equal for requests to share a batch: beam size, max length, attention.
-Settings = tuple[int, int | None, bool]
+# Units of work per output token of sampling (a token of beam search costs the beam size). Each step
+# draws from the whole vocabulary: top_k selects from it, top_p sorts it. benchmarks/sampling_cost.py
+# timed each, per unit, against greedy search on one CPU thread: plain sampling 1.00-1.45x, top_k
+# 1.06-2.40x, top_p 1.37-12.56x (the most: small models with large vocabularies); beam 16 0.90-1.17x.
+SAMPLED_TOKEN_WORK = 1
+TOP_K_TOKEN_WORK = 2
+TOP_P_TOKEN_WORK = 12
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a request asks of the decoder, as validated by the server."""
+
+    beam_size: int = 5
+    max_length: int | None = None
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    n_best: int | None = None  # None: the answer has no n-best lists (and no scores)
+    attention: bool = False
+
+    def search(self) -> Settings:
+        """Without what changes only the answer: requests with equal searches share a batch."""
+        return replace(self, n_best=None, attention=False)
+
+    def decode_config(self, n_best: int = 1) -> DecodeConfig:
+        length = {} if self.max_length is None else {"max_len_a": 0.0, "max_len_b": self.max_length}
+        return DecodeConfig(
+            beam_size=self.beam_size, n_best=n_best, sampling=self.sampling, temperature=self.temperature,
+            top_k=self.top_k, top_p=self.top_p, seed=self.seed, **length,
+        )
+
+    @property
+    def scored_apart(self) -> bool:
+        """Greedy search and sampling give no scores: asked for, they take one teacher-forced pass more."""
+        return self.n_best is not None and self.beam_size == 1
+
+    def work_per_token(self) -> int:
+        if not self.sampling:
+            per_token = self.beam_size
+        elif self.top_p < 1:
+            per_token = TOP_P_TOKEN_WORK
+        else:
+            per_token = TOP_K_TOKEN_WORK if self.top_k else SAMPLED_TOKEN_WORK
+        return per_token + (1 if self.scored_apart else 0)
 
 
 class Busy(Exception):
@@ -44,13 +96,6 @@ class Busy(Exception):
 
 class Abandoned(Exception):
     """Raised inside the model between decoding steps: nobody waits for this batch any more."""
-
-
-def decode_config(settings: Settings) -> DecodeConfig:
-    beam_size, max_length, _ = settings
-    if max_length is None:
-        return DecodeConfig(beam_size=beam_size)
-    return DecodeConfig(beam_size=beam_size, max_len_a=0.0, max_len_b=max_length)
 
 
 @dataclass
@@ -145,12 +190,13 @@ class Batcher:
 
     def output_limits(self, src_ids: list[list[int]], settings: Settings) -> list[int]:
         """The most tokens the search may produce for each source (0 for an empty one: not searched)."""
-        config = decode_config(settings)
+        config = settings.decode_config()
         return [max_output_length(self.model, len(ids) + 1, config) if ids else 0 for ids in src_ids]
 
     def work(self, src_ids: list[list[int]], settings: Settings) -> int:
-        """Decoder work: beam size x maximum output tokens, summed over texts; an empty text counts 1."""
-        return sum(settings[0] * n if n else 1 for n in self.output_limits(src_ids, settings))
+        """Decoder work: units per token x maximum output tokens, summed over texts; an empty text counts 1."""
+        per_token = settings.work_per_token()
+        return sum(per_token * n if n else 1 for n in self.output_limits(src_ids, settings))
 
     def attention_weights(self, src_ids: list[list[int]], settings: Settings) -> int:
         """The most cross-attention weights the answer can hold: layers x heads x T x S, summed over texts."""
@@ -249,7 +295,7 @@ class Batcher:
             groups: dict[Settings, list[Job]] = {}
             for job in batch:
                 if not job.abandoned:  # a dropped request was counted by its handler
-                    groups.setdefault(job.settings, []).append(job)
+                    groups.setdefault(job.settings.search(), []).append(job)
             for settings, jobs in groups.items():
                 await self._translate(settings, jobs)
 
@@ -289,48 +335,75 @@ class Batcher:
     # --- the model thread -----------------------------------------------------------------------
 
     def translate_group(self, settings: Settings, jobs: list[Job]) -> list[bytes]:
-        """Runs in the worker thread: one batch of requests with equal settings -> one JSON body each."""
+        """Runs in the worker thread: one batch of requests with equal searches -> one JSON body each."""
         self._decoding = jobs
         try:
             return self._translate_group(settings, jobs)
         finally:
             self._decoding = []
 
-    def _translate_group(self, settings: Settings, jobs: list[Job]) -> list[bytes]:
-        config = decode_config(settings)
-        if settings[2]:  # attention: captured one sentence at a time, the weights of exactly the returned output
-            out = []
-            for job in jobs:
-                captures = []
-                for text, ids in zip(job.texts, job.src_ids):
-                    if job.abandoned:  # nobody waits: skip its remaining sentences
-                        break
-                    captures.append(self._capture_json(text, ids, config))
-                translations = _compact([translation for translation, _ in captures])
-                attention = ",".join(json_object for _, json_object in captures)
-                out.append(f'{{"translations":{translations},"attention":[{attention}]}}'.encode("utf-8"))
-            return out
+    def _translate_group(self, search: Settings, jobs: list[Job]) -> list[bytes]:
+        # One search for the whole group, with as many of the n best as any request asks for.
+        config = search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs))
         translator = Translator(
             self.model, self.tokenizer, config,
             max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,
         )
-        all_ids = [ids for job in jobs for ids in job.src_ids]
-        hyps = translator.translate_ids(all_ids)
-        texts = [self.tokenizer.decode(h[0].tokens) for h in hyps]
+        hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
         out, start = [], 0
         for job in jobs:
-            out.append(_compact({"translations": texts[start : start + len(job.texts)]}).encode("utf-8"))
-            start += len(job.texts)
+            mine, start = hyps[start : start + len(job.texts)], start + len(job.texts)
+            out.append(self._answer(job, mine, config) if not job.abandoned else b"")
         return out
 
-    def _capture_json(self, text: str, ids: list[int], config: DecodeConfig) -> tuple[str, str]:
-        """(translation, the JSON of its attention object: source, translation, tokens and cross weights)."""
+    def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig) -> bytes:
+        """One request's JSON body from its texts' hypotheses, best first."""
+        translations = [self.tokenizer.decode(h[0].tokens) for h in hyps]
+        answer: dict[str, Any] = {"translations": translations}
+        if job.settings.n_best is not None:
+            nbest = [h[: job.settings.n_best] for h in hyps]
+            scores = self._scores(job.src_ids, nbest, config)
+            answer["n_best"] = [
+                [{"translation": self.tokenizer.decode(h.tokens), "score": round(score, 4)} for h, score in zip(hs, ss)]
+                for hs, ss in zip(nbest, scores)
+            ]
+        body = _compact(answer)
+        if job.settings.attention:  # the weights of each returned translation, one sentence at a time
+            captures = []
+            for text, ids, h in zip(job.texts, job.src_ids, hyps):
+                if job.abandoned:  # nobody waits: skip its remaining sentences
+                    break
+                captures.append(self._attention_json(text, ids, h[0].tokens))
+            body = body[:-1] + f',"attention":[{",".join(captures)}]}}'
+        return body.encode("utf-8")
+
+    def _scores(self, src_ids: list[list[int]], nbest: list[list[Hypothesis]], config: DecodeConfig) -> list[list[float]]:
+        """Each hypothesis's score. Where the search gives none (greedy search, sampling), the same
+        length-normalised log-probability from one teacher-forced pass: a hypothesis shorter than its
+        text's output limit ended with EOS, which then counts as a token."""
+        todo = [(i, j) for i, hs in enumerate(nbest) for j, h in enumerate(hs) if math.isnan(h.score)]
+        scores = [[h.score for h in hs] for hs in nbest]
+        if not todo:
+            return scores
+        log_probs = target_log_probs(
+            self.model, self.tokenizer, [src_ids[i] for i, _ in todo], [nbest[i][j].tokens for i, j in todo],
+            max_tokens=self.max_batch_tokens,
+        )
+        for (i, j), lps in zip(todo, log_probs):
+            tokens = nbest[i][j].tokens
+            limit = max_output_length(self.model, len(src_ids[i]) + 1, config)
+            n = len(tokens) + (len(tokens) < limit)  # with EOS, unless the search stopped at the limit
+            scores[i][j] = math.fsum(lps[:n]) / length_penalty(n, config.length_penalty)
+        return scores
+
+    def _attention_json(self, text: str, ids: list[int], hyp: list[int]) -> str:
+        """The JSON of one attention object: source, translation, tokens and cross weights (L, H, T, S)."""
         if not ids:  # as Translator: an empty input translates to ''; one key gets all the weight
             c = self.model.config
             ones = [[[[1.0]] for _ in range(c.n_heads)] for _ in range(c.n_decoder_layers)]
             head = {"source": text, "translation": "", "src_tokens": ["</s>"], "tgt_tokens": ["</s>"]}
-            return "", _compact({**head, "cross": ones})
-        capture = capture_attention(self.model, self.tokenizer, text, config)
+            return _compact({**head, "cross": ones})
+        capture = attention_of(self.model, self.tokenizer, text, ids, hyp)
         head = {
             "source": text,
             "translation": capture.translation,
@@ -338,11 +411,12 @@ class Batcher:
             "tgt_tokens": capture.tgt_tokens,
         }
         cross = _weights_json(capture.cross.double().round(decimals=4))  # (L, H, T, S)
-        return capture.translation, _compact(head)[:-1] + f',"cross":{cross}}}'
+        return _compact(head)[:-1] + f',"cross":{cross}}}'
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # allow_nan=False: a NaN score would be invalid JSON; better a failed request and a traceback in the log.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _weights_json(weights: Tensor) -> str:

@@ -52,7 +52,6 @@ def _truncated(ids: list[int], limit: int, side: str, line: int) -> list[int]:
     return ids
 
 
-@torch.inference_mode()
 def score_pairs(
     model: Transformer, tokenizer: Tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 4096
 ) -> list[PairScore]:
@@ -61,13 +60,26 @@ def score_pairs(
     positions are cut to fit, with a warning."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source")
-    model.eval()
     limit = model.config.max_len - 1  # room for EOS (source) and BOS/EOS (target)
     src_ids = [_truncated(tokenizer.encode(s), limit, "source", i + 1) for i, s in enumerate(sources)]
     tgt_ids = [_truncated(tokenizer.encode_target(t), limit, "target", i + 1) for i, t in enumerate(targets)]
+    results = []
+    for ids, token_log_probs in zip(tgt_ids, target_log_probs(model, tokenizer, src_ids, tgt_ids, max_tokens=max_tokens)):
+        pieces = tokenizer.pieces([*ids, tokenizer.eos_id])
+        results.append(PairScore(math.fsum(token_log_probs), token_log_probs, pieces))
+    return results
+
+
+@torch.inference_mode()
+def target_log_probs(
+    model: Transformer, tokenizer: Tokenizer, src_ids: list[list[int]], tgt_ids: list[list[int]], *, max_tokens: int = 4096
+) -> list[list[float]]:
+    """For each pair of token ids, log p(y_t | y_<t, x) of each target token and then of EOS, in input
+    order: one teacher-forced pass per batch of similar lengths. Both sides must fit the model's positions."""
+    model.eval()
     device = next(model.parameters()).device
     lengths = [max(len(s), len(t)) for s, t in zip(src_ids, tgt_ids)]
-    results: list[PairScore | None] = [None] * len(sources)
+    results: list[list[float]] = [[] for _ in src_ids]
     for batch in length_batches(lengths, max_tokens=max_tokens, max_sentences=256):
         src, tgt_in, tgt_out = (t.to(device) for t in collate(
             [src_ids[i] for i in batch], [tgt_ids[i] for i in batch],
@@ -76,8 +88,5 @@ def score_pairs(
         log_probs = model(src, tgt_in).float().log_softmax(dim=-1)  # (B, T, V)
         chosen = log_probs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # (B, T): log p(y_t | y_<t, x)
         for row, i in enumerate(batch):
-            n = len(tgt_ids[i]) + 1  # the target's tokens and EOS; the rest of the row is padding
-            token_log_probs = chosen[row, :n].tolist()
-            pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
-            results[i] = PairScore(math.fsum(token_log_probs), token_log_probs, pieces)
-    return results  # type: ignore[return-value]
+            results[i] = chosen[row, : len(tgt_ids[i]) + 1].tolist()  # the target's tokens and EOS; then padding
+    return results

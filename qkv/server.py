@@ -1,8 +1,9 @@
 """Serving translations over HTTP: a JSON API with dynamic batching, OpenAPI docs and an attention page.
 
-One model instance answers every request; ``qkv.batcher`` forms the batches. Every request is bounded
-before it is queued: its body (``max_body_bytes``, checked while it arrives), its texts, its decoding
-work (``max_request_work``) and, with attention, the number of weights it can return
+One model instance answers every request; ``qkv.server_api`` says what a request may ask for (beam,
+n-best lists with scores, sampling, attention), ``qkv.batcher`` forms the batches. Every request is
+bounded before it is queued: its body (``max_body_bytes``, checked while it arrives), its texts, its
+decoding work (``max_request_work``) and, with attention, the number of weights it can return
 (``max_attention_weights``). Limits answer JSON 4xx errors that name the limit; a full queue answers
 503 with Retry-After; a request waits at most ``request_timeout`` seconds (504). A client that
 disconnects is noticed while its request waits, and its work is dropped.
@@ -20,22 +21,21 @@ import socket
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkv import checkpoint
-from qkv.batcher import Batcher, Busy, Job
+from qkv.batcher import SAMPLED_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy, Job
+from qkv.server_api import ErrorOut, InvalidOptions, TranslateResponse, request_model, settings_of
 
 log = logging.getLogger("qkv.server")
 
-MAX_BEAM = 16
 RETRY_AFTER_S = 1  # what a 503 tells clients to wait
 
 # Defaults of `qkv serve`, in one place for the CLI and the library.
@@ -122,21 +122,6 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-class AttentionOut(BaseModel):
-    source: str
-    translation: str
-    src_tokens: list[str] = Field(description="S source subword pieces, EOS last")
-    tgt_tokens: list[str] = Field(description="T target subword pieces, EOS last")
-    cross: list[list[list[list[float]]]] = Field(
-        description="cross-attention weights (layers, heads, T, S): row t is where target token t looked"
-    )
-
-
-class TranslateResponse(BaseModel):
-    translations: list[str] = Field(description="one translation per input text, in order")
-    attention: list[AttentionOut] | None = Field(None, description="only when the request asked for attention")
-
-
 class _EscapedJSON(JSONResponse):
     """JSON with non-ASCII escaped, so an error that quotes a lone surrogate still renders (no 500)."""
 
@@ -153,58 +138,6 @@ async def _invalid_request(request: Request, error: RequestValidationError) -> J
             problem["ctx"] = {k: str(v) if isinstance(v, Exception) else v for k, v in e["ctx"].items()}
         problems.append(problem)
     return _EscapedJSON({"detail": jsonable_encoder(problems)}, 422)
-
-
-class ErrorOut(BaseModel):
-    detail: str
-
-
-def _whole_number(value: Any) -> Any:
-    # JSON Schema counts 5.0 as an integer, so accept it (pydantic turns it into 5 and rejects 5.5),
-    # but not true or "5", which pydantic's lax mode would take as numbers.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be a whole number")
-    return value
-
-
-def _whole_number_between(low: int, high: int) -> Any:
-    # The bounds come first so that they appear in the JSON schema as minimum and maximum.
-    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_whole_number)]
-
-
-def _request_model(*, max_texts: int, max_chars: int, max_output: int) -> type[BaseModel]:
-    """The request body, with this server's limits in its schema (so /openapi.json documents them)."""
-    Text = Annotated[str, Strict(), StringConstraints(max_length=max_chars)]
-    BeamSize = _whole_number_between(1, MAX_BEAM)
-    OutputLength = _whole_number_between(1, max_output)
-
-    class TranslateRequest(BaseModel):
-        model_config = ConfigDict(
-            extra="forbid",  # a misspelt field is an error, not silently ignored
-            json_schema_extra={"examples": [{"texts": ["A man rides a bike."], "beam_size": 5}]},
-        )
-
-        texts: list[Text] = Field(
-            min_length=1, max_length=max_texts,
-            description=f"sentences to translate: 1 to {max_texts}, each at most {max_chars} characters",
-        )
-        beam_size: BeamSize = Field(5, description="beam size (1 = greedy search)")
-        max_length: OutputLength | None = Field(
-            None, description=f"maximum output tokens, at most {max_output} (default: 1.5 x source tokens + 10)"
-        )
-        attention: StrictBool = Field(False, description="also return each translation's cross-attention and tokens")
-
-        @field_validator("texts")
-        @classmethod
-        def _encodable(cls, texts: list[str]) -> list[str]:
-            for i, text in enumerate(texts):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ValueError(f"texts[{i}] is not valid Unicode (it contains a lone surrogate)") from None
-            return texts
-
-    return TranslateRequest
 
 
 def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
@@ -232,8 +165,8 @@ def page_html() -> str:
     return resources.files("qkv").joinpath("server.html").read_text(encoding="utf-8")
 
 
-def _too_much(field: str, kind: str, message: str) -> JSONResponse:
-    # The shape of FastAPI's own 422, so that clients (and the page) read every limit the same way.
+def _unprocessable(field: str, kind: str, message: str) -> JSONResponse:
+    # The shape of FastAPI's own 422, so that clients (and the page) read limits and invalid combinations alike.
     return JSONResponse({"detail": [{"loc": ["body", field], "type": kind, "msg": message}]}, 422)
 
 
@@ -263,7 +196,9 @@ def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
     )
-    TranslateRequest = _request_model(max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src)
+    TranslateRequest = request_model(
+        max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src, vocab_size=tokenizer.vocab_size
+    )
     max_work, max_weights, timeout = limits["max_request_work"], limits["max_attention_weights"], limits["request_timeout"]
     page = page_html()
 
@@ -287,18 +222,25 @@ def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
 
     @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True, responses=errors)
     async def translate(request: Request, body: TranslateRequest):  # type: ignore[valid-type]
-        """Translate texts, in order; with `attention`, also each output's cross-attention and tokens."""
+        """Translate texts, in order; with `n_best`, also each text's n best translations and their scores;
+        with `sampling`, draw translations at random (reproducibly under `seed`); with `attention`, also
+        each output's cross-attention and tokens."""
+        try:
+            settings = settings_of(body)
+        except InvalidOptions as invalid:
+            return _unprocessable(invalid.field, "invalid_combination", str(invalid))
         src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(body.texts)]
-        settings = (body.beam_size, body.max_length, body.attention)
         work = batcher.work(src_ids, settings)
         if work > max_work:
-            return _too_much("texts", "too_much_work", (
-                f"this request asks for {work} units of decoding work (beam_size x maximum output tokens, summed "
-                f"over texts); this server's limit is {max_work} (--max-request-work): send fewer or shorter "
-                "texts, a smaller beam_size or a max_length"
+            return _unprocessable("texts", "too_much_work", (
+                f"this request asks for {work} units of decoding work ({settings.work_per_token()} per output token "
+                "x the most output tokens, summed over texts; a token costs the beam size, or with sampling "
+                f"{SAMPLED_TOKEN_WORK}, {TOP_K_TOKEN_WORK} with top_k, {TOP_P_TOKEN_WORK} with top_p, and 1 more to "
+                f"score a greedy or sampled output); this server's limit is {max_work} (--max-request-work): send "
+                "fewer or shorter texts, a smaller beam_size or a max_length"
             ))
         if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
-            return _too_much("attention", "too_much_attention", (
+            return _unprocessable("attention", "too_much_attention", (
                 f"with attention this request could return {weights} weights (layers x heads x output x source "
                 f"tokens, summed over texts); this server's limit is {max_weights} (--max-attention-weights): "
                 "send fewer or shorter texts, or a max_length"

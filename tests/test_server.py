@@ -166,6 +166,30 @@ BAD_REQUESTS = {
     "fractional beam": ({"texts": ["a"], "beam_size": 2.5}, ["body", "beam_size"]),
     "max_length 0": ({"texts": ["a"], "max_length": 0}, ["body", "max_length"]),
     "attention as string": ({"texts": ["a"], "attention": "yes"}, ["body", "attention"]),
+    "n_best 0": ({"texts": ["a"], "n_best": 0}, ["body", "n_best"]),
+    "n_best 17": ({"texts": ["a"], "n_best": 17}, ["body", "n_best"]),
+    "n_best over the beam": ({"texts": ["a"], "beam_size": 3, "n_best": 4}, ["body", "n_best"]),
+    "n_best over the default beam": ({"texts": ["a"], "n_best": 6}, ["body", "n_best"]),
+    "n_best as string": ({"texts": ["a"], "n_best": "2"}, ["body", "n_best"]),
+    "sampling as string": ({"texts": ["a"], "sampling": "true"}, ["body", "sampling"]),
+    "sampling with a beam": ({"texts": ["a"], "sampling": True, "beam_size": 4}, ["body", "beam_size"]),
+    "sampling n_best 2": ({"texts": ["a"], "sampling": True, "n_best": 2}, ["body", "n_best"]),
+    "temperature without sampling": ({"texts": ["a"], "temperature": 0.7}, ["body", "temperature"]),
+    "top_k without sampling": ({"texts": ["a"], "top_k": 5}, ["body", "top_k"]),
+    "top_p without sampling": ({"texts": ["a"], "top_p": 0.9}, ["body", "top_p"]),
+    "seed without sampling": ({"texts": ["a"], "sampling": False, "seed": 3}, ["body", "seed"]),
+    "temperature 0": ({"texts": ["a"], "sampling": True, "temperature": 0}, ["body", "temperature"]),
+    "temperature 1000": ({"texts": ["a"], "sampling": True, "temperature": 1000}, ["body", "temperature"]),
+    "temperature as string": ({"texts": ["a"], "sampling": True, "temperature": "0.5"}, ["body", "temperature"]),
+    "temperature NaN": (b'{"texts": ["a"], "sampling": true, "temperature": NaN}', ["body", "temperature"]),
+    "top_p 0": ({"texts": ["a"], "sampling": True, "top_p": 0}, ["body", "top_p"]),
+    "top_p 1.5": ({"texts": ["a"], "sampling": True, "top_p": 1.5}, ["body", "top_p"]),
+    "top_p Infinity": (b'{"texts": ["a"], "sampling": true, "top_p": Infinity}', ["body", "top_p"]),
+    "top_k negative": ({"texts": ["a"], "sampling": True, "top_k": -1}, ["body", "top_k"]),
+    "top_k over the vocabulary": ({"texts": ["a"], "sampling": True, "top_k": 10**6}, ["body", "top_k"]),
+    "fractional top_k": ({"texts": ["a"], "sampling": True, "top_k": 2.5}, ["body", "top_k"]),
+    "seed negative": ({"texts": ["a"], "sampling": True, "seed": -1}, ["body", "seed"]),
+    "seed 2**64": ({"texts": ["a"], "sampling": True, "seed": 2**64}, ["body", "seed"]),
     "body a list": (["a"], ["body"]),
     "invalid JSON": (b'{"texts": [', ["body", 11]),
     "lone surrogate": (b'{"texts": ["\\ud800"]}', ["body", "texts", 0]),
@@ -185,11 +209,22 @@ def test_bad_requests_get_a_clear_422(server, case):
     assert problems and all(p["msg"] for p in problems)
     assert location in [p["loc"] for p in problems], problems
     assert "input" not in problems[0]  # the input is not echoed back (it may be 64 KB)
+    if problems[0]["type"] == "invalid_combination":  # options valid alone, not together: say which and why
+        assert location[-1] in problems[0]["msg"], problems
 
 
 def test_integral_float_is_a_valid_beam_size(server):
     # JSON Schema counts 2.0 as an integer; the fuzzer sends it and expects it to be accepted.
     assert post(server, {"texts": ["9 mai 2017"], "beam_size": 2.0}).status_code == 200
+    assert post(server, {"texts": ["9 mai 2017"], "beam_size": 2, "n_best": 2.0}).status_code == 200
+
+
+def test_sampling_options_at_their_defaults_are_accepted_without_sampling(server):
+    # A client (a form) may send every field: the defaults ask for nothing, so they are no error.
+    defaults = {"temperature": 1.0, "top_k": 0, "top_p": 1, "seed": 0}
+    with_defaults = post(server, {"texts": DATES[:2], "sampling": False, **defaults})
+    assert with_defaults.status_code == 200
+    assert with_defaults.json() == post(server, {"texts": DATES[:2]}).json()
 
 
 def test_full_queue_answers_503_with_retry_after(model_dir):
@@ -421,12 +456,13 @@ def test_schemathesis_finds_no_server_errors(model_dir, tmp_path, run_name):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "No issues found" in run.stdout, run.stdout[-3000:]
     assert "Traceback" not in log, log[-4000:]
-    # The fuzzer did reach the translation itself, with attention too.
+    # The fuzzer did reach the translation itself, with attention, n-best lists and sampling too.
     answered = []
     for entry in json.loads((tmp_path / "fuzz.har").read_text())["log"]["entries"]:
         if entry["request"]["method"] == "POST" and entry["response"]["status"] == 200:
-            answered.append(json.loads(entry["request"]["postData"]["text"]).get("attention", False))
-    assert True in answered and False in answered, answered
+            answered.append(json.loads(entry["request"]["postData"]["text"]))
+    assert {body.get("attention", False) for body in answered} == {True, False}, answered
+    assert any("n_best" in body for body in answered) and any(body.get("sampling") for body in answered), answered
 
 
 def test_cli_defaults_are_the_servers():
@@ -669,40 +705,79 @@ def test_a_batch_holds_at_most_max_request_work(model_dir, max_work, batches):
     assert stats["batches"] == batches, stats
 
 
-def test_page_numbers_layers_and_heads_from_1(tmp_path):
-    """Run the page's script in Node with a minimal DOM stand-in and read the layer and head menus."""
+PAGE_DOM = """
+class Node {
+  constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {}; this.dataset = {};
+    this.classList = {toggle() {}}; this.value = ""; this.textContent = ""; this.checked = false; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  append(...nodes) { this.children.push(...nodes); }
+  replaceChildren(...nodes) { this.children = nodes; }
+  addEventListener() {}
+  querySelectorAll() { return []; }
+}
+const nodes = {};
+globalThis.document = {
+  getElementById: (id) => (nodes[id] = nodes[id] || new Node("div")),
+  createElement: (tag) => new Node(tag),
+  querySelectorAll: () => [],
+};
+const requests = [];  // the bodies the page posts
+let reply = null;  // what the stand-in server answers
+globalThis.fetch = async (url, options) => {
+  if (!options) throw new Error("offline");  // GET /v1/model
+  requests.push(JSON.parse(options.body));
+  return {ok: true, json: async () => reply};
+};
+const text = (node) => typeof node === "string" ? node : node.textContent + node.children.map(text).join("");
+const L = 3, H = 4, row = [[0.5, 0.5]];
+const capture = {src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))};
+"""
+
+
+def run_page(tmp_path, run_it: str) -> dict:
+    """Run the page's script in Node with a minimal DOM stand-in (PAGE_DOM), then ``run_it``, which
+    prints one JSON object."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("needs Node.js to run the page's script")
     script = re.search(r"<script>(.*)</script>", (ROOT / "qkv" / "server.html").read_text(), re.S).group(1)
-    dom = """
-    class Node {
-      constructor(tag) { this.tag = tag; this.children = []; this.attrs = {}; this.style = {}; this.dataset = {};
-        this.classList = {toggle() {}}; this.value = ""; this.textContent = ""; }
-      setAttribute(k, v) { this.attrs[k] = String(v); }
-      append(...nodes) { this.children.push(...nodes); }
-      replaceChildren(...nodes) { this.children = nodes; }
-      addEventListener() {}
-      querySelectorAll() { return []; }
-    }
-    const nodes = {};
-    globalThis.document = {
-      getElementById: (id) => (nodes[id] = nodes[id] || new Node("div")),
-      createElement: (tag) => new Node(tag),
-      querySelectorAll: () => [],
-    };
-    globalThis.fetch = async () => { throw new Error("offline"); };
-    """
-    run_it = """
-    const L = 3, H = 4, row = [[0.5, 0.5]];
-    captures = [{src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))}];
+    (tmp_path / "page.js").write_text(PAGE_DOM + script + run_it)
+    run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_page_numbers_layers_and_heads_from_1(tmp_path):
+    menus = run_page(tmp_path, """
+    captures = [capture];
     showResults(["a"], ["b"]);
     const menu = (id) => nodes[id].children.map((o) => [o.attrs.value, o.textContent]);
     console.log(JSON.stringify({layer: menu("layer"), head: menu("head")}));
-    """
-    (tmp_path / "page.js").write_text(dom + script + run_it)
-    run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stderr
-    menus = json.loads(run.stdout)
+    """)
     assert menus["layer"] == [["0", "1"], ["1", "2"], ["2", "3"]]
     assert menus["head"] == [["avg", "average"], ["0", "1"], ["1", "2"], ["2", "3"], ["3", "4"]]
+
+
+def test_page_asks_for_n_best_or_a_sample_and_shows_the_scores(tmp_path):
+    shown = run_page(tmp_path, """
+    (async () => {
+      $("input").value = "a";
+      $("beam").value = "4";
+      $("nbest").value = "2";
+      reply = {translations: ["b"], n_best: [[{translation: "b", score: -0.51}, {translation: "c", score: -0.75}]],
+               attention: [capture]};
+      await translate();
+      const listed = text($("results"));
+      $("sample").checked = true;
+      $("seed").value = "7";
+      reply = {translations: ["d"], attention: [capture]};
+      await translate();
+      console.log(JSON.stringify({requests, listed, status: $("status").textContent}));
+    })();
+    """)
+    assert shown["requests"] == [
+        {"texts": ["a"], "attention": True, "beam_size": 4, "n_best": 2},
+        {"texts": ["a"], "attention": True, "sampling": True, "seed": 7},
+    ]
+    assert shown["listed"] == "a → b-0.5100b-0.7500c", shown
+    assert "sentence(s)" in shown["status"], shown
