@@ -363,6 +363,7 @@ def average(args: argparse.Namespace) -> int:
     return 0
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
+    _device_arg(p)
     # The defaults are qkv.server.DEFAULT_LIMITS, written out so that parsing does not import the server
     # (a test checks that the two agree).
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
@@ -401,7 +402,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from qkv.server import DEFAULT_LIMITS, serve
 
     serve(
-        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level,
+        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=_device(args),
         graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
     )
     return 0

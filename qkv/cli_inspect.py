@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.cli import _decode_args, _decode_config, command
+from qkv.cli import _decode_args, _decode_config, _device, _device_arg, command
 
 
 def _explain_args(p: argparse.ArgumentParser) -> None:
@@ -126,6 +126,7 @@ def align_command(args: argparse.Namespace) -> int:
 
 def _attend_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p)
+    _device_arg(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")
     p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")
     p.add_argument("--layer", type=int, default=-1, help="layer to draw, 1-based (default: the last)")
@@ -144,7 +145,7 @@ def attend(args: argparse.Namespace) -> int:
     for path in (f"{args.out}.png", f"{args.out}.html", args.json):
         if path:
             check_output(path, force=args.force)
-    loaded = checkpoint.load(args.checkpoint)
+    loaded = checkpoint.load(args.checkpoint, device=_device(args))
     capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args))
     n_layers = capture.weights(args.kind).size(0)
     layer = args.layer - 1 if args.layer > 0 else args.layer

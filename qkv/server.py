@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -174,9 +175,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"detail": message}, status, headers)
 
 
-def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
-    """Load the checkpoint (errors surface here, before any port is bound) and build the app.
-    ``overrides`` replace entries of ``DEFAULT_LIMITS``."""
+def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", **overrides: Any) -> FastAPI:
+    """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
+    the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``."""
     unknown = set(overrides) - set(DEFAULT_LIMITS)
     if unknown:
         raise ValueError(f"unknown server limits: {', '.join(sorted(unknown))}")
@@ -188,7 +189,7 @@ def create_app(checkpoint_dir: str | Path, **overrides: Any) -> FastAPI:
         raise ValueError(f"max_wait_ms must be >= 0, got {limits['max_wait_ms']}")
     if limits["max_queue_work"] < limits["max_request_work"]:
         raise ValueError("max_queue_work must be at least max_request_work, or the largest request never fits")
-    loaded = checkpoint.load(checkpoint_dir)
+    loaded = checkpoint.load(checkpoint_dir, device=device)
     info = model_info(loaded)
     tokenizer, max_src = loaded.tokenizer, loaded.model.config.max_len - 1
     batcher = Batcher(
@@ -330,13 +331,14 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
     graceful_timeout: float = 30.0,
+    device: str | torch.device = "cpu",
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
     seconds to finish; then they are answered no more and their work stops."""
     import uvicorn
 
-    app = create_app(checkpoint_dir, **limits)
+    app = create_app(checkpoint_dir, device=device, **limits)
     sock = listen(host, port)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)
     logging.getLogger("uvicorn.error").info("qkv serve on http://%s:%d (Press CTRL+C to quit)", host, port)

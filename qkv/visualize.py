@@ -70,7 +70,7 @@ def capture_attention(
     model.eval()
     config = config or DecodeConfig()
     src_ids = tokenizer.encode(sentence)[: model.config.max_len - 1]
-    src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id)  # (1, S)
+    src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
     hyp = search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config)[0][0].tokens
     return attention_of(model, tokenizer, sentence, src_ids, hyp)
 
@@ -82,11 +82,11 @@ def attention_of(
     """All attention weights of the model translating ``src_ids`` (the ids of ``sentence``) into ``hyp``
     (target ids without BOS and EOS): one teacher-forced pass with ``need_weights=True``."""
     model.eval()
-    src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id)  # (1, S)
-    tgt = torch.tensor([[tokenizer.bos_id, *hyp]])  # (1, T): BOS + hypothesis, what the decoder read
+    src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
+    tgt = torch.tensor([[tokenizer.bos_id, *hyp]], device=model.device)  # (1, T): BOS + hypothesis, what the decoder read
     memory, src_mask, encoder = model.encode(src, need_weights=True)
     _, weights = model.decode(tgt, memory, src_mask, need_weights=True)
-    stack = lambda ws: torch.stack([w[0] for w in ws]).float()  # noqa: E731  L x (1, H, q, k) -> (L, H, q, k)
+    stack = lambda ws: torch.stack([w[0] for w in ws]).float().cpu()  # noqa: E731  L x (1, H, q, k) -> (L, H, q, k)
     return AttentionCapture(
         source=sentence,
         translation=tokenizer.decode(hyp),

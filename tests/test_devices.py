@@ -33,15 +33,20 @@ def test_asking_for_a_missing_gpu_is_an_error_not_a_cpu_run():
 
 
 @no_gpu
-@pytest.mark.parametrize("command", ["translate", "evaluate"])
-def test_the_commands_refuse_a_missing_gpu_in_one_line(random_checkpoint, tmp_path, command):
+@pytest.mark.parametrize("command", ["translate", "evaluate", "attend", "serve", "doctor", "train"])
+def test_every_command_refuses_a_missing_gpu_in_one_line_before_writing(random_checkpoint, tmp_path, command):
     src = tmp_path / "src.txt"
     src.write_text("A dog runs.\n")
-    extra = ["-i", str(src)] if command == "translate" else ["--src-file", str(src), "--ref-file", str(src)]
-    out = subprocess.run([sys.executable, "-m", "qkv", command, "--checkpoint", str(random_checkpoint), "--device", "cuda", *extra],
-                         capture_output=True, text=True)
+    ckpt = ["--checkpoint", str(random_checkpoint)]
+    extra = {
+        "translate": [*ckpt, "-i", str(src)], "evaluate": [*ckpt, "--src-file", str(src), "--ref-file", str(src)],
+        "attend": [*ckpt, "A dog runs.", "--out", str(tmp_path / "att")], "serve": ckpt, "doctor": ckpt,
+        "train": ["--preset", "tiny", "--train-src", str(src), "--out", str(tmp_path / "run")],
+    }[command]
+    out = subprocess.run([sys.executable, "-m", "qkv", command, "--device", "cuda", *extra], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "--device cuda" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.txt"]  # nothing written
 
 
 @needs_gpu
