@@ -212,8 +212,12 @@ def _check_resume_agrees(run: str, model, _train, data) -> None:
         )
 
 
-def _decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+def _decode_args(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
+    if ensemble:
+        p.add_argument("--checkpoint", required=True, action="append",
+                       help="checkpoint directory (or a run directory: uses its final/); give it again to translate with an ensemble")
+    else:
+        p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
     p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5)")
     p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
@@ -247,6 +251,15 @@ def _int8_device(args: argparse.Namespace):
     return device
 
 
+def _decoding_model(args: argparse.Namespace):
+    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 if asked."""
+    from qkv.ensemble import load_ensemble
+    from qkv.quantize import int8_model
+
+    model, tokenizer = load_ensemble(args.checkpoint, device=_int8_device(args))
+    return (int8_model(model) if args.int8 else model), tokenizer
+
+
 def _decode_config(args: argparse.Namespace, n_best: int = 1):
     from qkv.decode import DecodeConfig
 
@@ -258,7 +271,7 @@ def _decode_config(args: argparse.Namespace, n_best: int = 1):
 
 
 def _translate_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p)
+    _decode_args(p, ensemble=True)
     _int8_arg(p)
     _device_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
@@ -281,10 +294,8 @@ def translate(args: argparse.Namespace) -> int:
 
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
         check_output(args.output, force=args.force, inputs=(args.input,))
-    translator = Translator.from_checkpoint(
-        args.checkpoint, _decode_config(args, args.n_best), max_tokens=args.batch_tokens, int8=args.int8,
-        device=_int8_device(args),
-    )
+    model, tokenizer = _decoding_model(args)
+    translator = Translator(model, tokenizer, _decode_config(args, args.n_best), max_tokens=args.batch_tokens)
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
@@ -297,7 +308,7 @@ def translate(args: argparse.Namespace) -> int:
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p)
+    _decode_args(p, ensemble=True)
     _int8_arg(p)
     _device_arg(p)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
@@ -316,29 +327,28 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv.data import load_multi30k, read_parallel
     from qkv.evaluate import format_scores, score
     from qkv.outputs import check_output, output_file
-    from qkv.quantize import int8_model
     from qkv.translate import Translator
 
     if args.save:
         check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file))
-    loaded = checkpoint.load(args.checkpoint, device=_int8_device(args))
+    model, tokenizer = _decoding_model(args)
     if args.src_file or args.ref_file:
         if not (args.src_file and args.ref_file):
             raise ValueError("give both --src-file and --ref-file")
         corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
     else:
-        data = loaded.config.get("data", {})
+        data = checkpoint.read_config(args.checkpoint[0]).get("data", {})
         src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
         corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
-    model = int8_model(loaded.model) if args.int8 else loaded.model
-    translator = Translator(model, loaded.tokenizer, _decode_config(args), max_tokens=args.batch_tokens)
+    translator = Translator(model, tokenizer, _decode_config(args), max_tokens=args.batch_tokens)
     started = time.perf_counter()
     hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {loaded.path}, beam {args.beam}, length penalty {args.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
+    names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {args.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
 

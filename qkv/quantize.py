@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import copy
 import warnings
+from typing import TypeVar
 
 import torch
 from torch import nn
 
-from qkv.model import Transformer
+M = TypeVar("M", bound=nn.Module)
 
 
 def int8_supported() -> bool:
@@ -25,8 +26,9 @@ def int8_supported() -> bool:
     return bool({"x86", "fbgemm", "qnnpack"} & set(torch.backends.quantized.supported_engines))
 
 
-def int8_model(model: Transformer) -> Transformer:
-    """A copy of ``model`` for inference with int8 linear layers (see the module docstring)."""
+def int8_model(model: M) -> M:
+    """A copy of ``model`` (a ``Transformer`` or an ``Ensemble`` of them) for inference with int8
+    linear layers (see the module docstring)."""
     if not int8_supported():
         raise RuntimeError("this PyTorch build has no quantized CPU engine: int8 decoding is unavailable")
     if next(model.parameters()).device.type != "cpu":
