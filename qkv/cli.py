@@ -282,7 +282,8 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="with --sampling: only the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --sampling: only the nucleus holding this probability")
     p.add_argument("--seed", type=int, default=0, help="with --sampling: a sentence's sample repeats under the same seed")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p.add_argument("--trace", metavar="TRACE", help="also write the beam search of the --input file's first line, step by step: TRACE.png, .html, .json")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
@@ -290,12 +291,23 @@ def translate(args: argparse.Namespace) -> int:
     import contextlib
 
     from qkv.outputs import check_output, output_or_stdout
-    from qkv.translate import Translator, translate_stream
+    from qkv.translate import Translator, input_lines, translate_stream
+
+    from qkv.cli_inspect import trace_paths, write_trace
 
     if args.output:  # before loading anything: -o never truncates the input or a file the user has
         check_output(args.output, force=args.force, inputs=(args.input,))
+    if args.trace and not args.input:
+        raise ValueError("--trace traces the first line of --input FILE: give one")
+    for path in trace_paths(args.trace):
+        check_output(path, force=args.force, inputs=(args.input,))
     model, tokenizer = _decoding_model(args)
     translator = Translator(model, tokenizer, _decode_config(args, args.n_best), max_tokens=args.batch_tokens)
+    if args.trace:
+        with open(args.input, "rb") as handle:
+            first = next(input_lines(handle, args.input), "")
+        written = write_trace(model, tokenizer, first, translator.config, args.trace, force=args.force)
+        print(f"beam trace of line 1: {', '.join(map(str, written))}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input

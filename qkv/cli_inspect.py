@@ -133,7 +133,8 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=int, help="draw only this head, 1-based like --layer (default: every head and their average)")
     p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
     p.add_argument("--json", help="also write every layer's and head's weights, with the tokens, to this JSON file")
-    p.add_argument("--force", action="store_true", help="overwrite existing OUT.png, OUT.html and --json files")
+    p.add_argument("--trace", metavar="TRACE", help="also write the beam search, step by step: TRACE.png, TRACE.html, TRACE.json")
+    p.add_argument("--force", action="store_true", help="overwrite existing OUT.png, OUT.html, --json and --trace files")
 
 
 @command("attend", "translate a sentence and draw its attention (PNG and interactive HTML), with a word alignment", _attend_args)
@@ -142,7 +143,7 @@ def attend(args: argparse.Namespace) -> int:
     from qkv.outputs import check_output, output_file
     from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
 
-    for path in (f"{args.out}.png", f"{args.out}.html", args.json):
+    for path in (f"{args.out}.png", f"{args.out}.html", args.json, *trace_paths(args.trace)):
         if path:
             check_output(path, force=args.force)
     loaded = checkpoint.load(args.checkpoint, device=_device(args))
@@ -166,7 +167,27 @@ def attend(args: argparse.Namespace) -> int:
     for tgt_word, src_word, weight in word_alignment(capture):
         print(f"  {tgt_word:>20}  <-  {src_word:<20} {weight:.2f}")
     print(f"wrote {png} and {page}")
+    if args.trace:
+        print(f"beam trace: {', '.join(map(str, write_trace(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args), args.trace, force=args.force)))}")
     return 0
+
+
+def trace_paths(trace: str | None) -> list[str]:
+    return [f"{trace}.{ext}" for ext in ("png", "html", "json")] if trace else []
+
+
+def write_trace(model, tokenizer, sentence: str, config, trace: str, *, force: bool) -> list[Path]:
+    """``--trace TRACE``: the beam search of ``sentence``, step by step, as TRACE.png/.html/.json."""
+    from qkv.beam_trace import draw_trace, trace_beam, trace_html
+    from qkv.outputs import output_file
+
+    result = trace_beam(model, tokenizer, sentence, config)
+    png, page, data = trace_paths(trace)
+    draw_trace(result, png)
+    for path, text in ((page, trace_html(result)), (data, result.to_json())):
+        with output_file(path, force=force) as handle:
+            handle.write(text)
+    return [Path(png), Path(page), Path(data)]
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:

@@ -122,6 +122,28 @@ def split_candidates(top: Tensor, token: Tensor, *, k: int, eos_id: int, last_st
     return finishing, stays & (stays.cumsum(dim=1) <= k)
 
 
+def trace_step(
+    step: int, scores: Tensor, history: Tensor, top: Tensor, beam: Tensor, token: Tensor, stays: Tensor,
+    finished_ranks: list[int], alpha: float,
+) -> dict:
+    """One beam step of one sentence, for a reader: the live beams it started from (tokens, score),
+    and each of the 2K candidates considered with what became of it: "finished" (a hypothesis, with
+    its length-normalised score), "live" (a beam of the next step) or "pruned" (an EOS ranked below K,
+    a finish with no room left, or a continuation beyond the K best). scores: (k,), history: (k, t),
+    top, beam, token, stays: (2K,)."""
+    beams = [{"tokens": t, "score": s} for t, s in zip(history.tolist(), scores.tolist()) if s > float("-inf")]
+    candidates = []
+    for rank, (score, b, t, live) in enumerate(zip(top.tolist(), beam.tolist(), token.tolist(), stays.tolist())):
+        if score == float("-inf"):
+            continue
+        fate = "finished" if rank in finished_ranks else "live" if live else "pruned"
+        entry = {"beam": b, "token": t, "score": score, "fate": fate}
+        if fate == "finished":
+            entry["normalized"] = score / length_penalty(step + 1, alpha)
+        candidates.append(entry)
+    return {"step": step, "beams": beams, "candidates": candidates}
+
+
 def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: DecodeConfig) -> Tensor:
     """Draw one token per row from softmax(logits / temperature), within the top-k and the top-p
     nucleus. logits: (b, V); generators: one per row, so a row's draws do not depend on the others."""
@@ -183,7 +205,7 @@ def greedy_search(
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
 
@@ -193,6 +215,8 @@ def beam_search(
 
     The first step decodes BOS once per sentence (all K beams would be the same), and the K beams
     of a sentence share one copy of its memory and cross-attention keys and values.
+
+    ``trace``: a list that receives, for the first sentence, one record per step (``trace_step``).
     """
     B, K, device = src.size(0), config.beam_size, src.device
     memory, src_mask, state, last, limits = _start(model, src, bos_id, config)  # (B, S, D), (B, S), state, (B, 1), (B,)
@@ -211,14 +235,19 @@ def beam_search(
 
         # Finished hypotheses: host work only for the (few) candidates that end this step.
         rows, ranks = finishing.nonzero(as_tuple=True)
+        accepted = []  # (row, rank) of the candidates that became finished hypotheses
         if rows.numel():
-            ended = zip(rows.tolist(), top[rows, ranks].tolist(), token[rows, ranks].tolist(),
+            ended = zip(rows.tolist(), ranks.tolist(), top[rows, ranks].tolist(), token[rows, ranks].tolist(),
                         history[rows, beam[rows, ranks]].tolist())
-            for row, score, t, tokens in ended:
+            for row, rank, score, t, tokens in ended:
                 hyps = finished[alive[row]]
                 if len(hyps) < K:  # in rank order: the best fill the room left
                     tokens = tokens + ([] if t == eos_id else [t])
                     hyps.append(Hypothesis(tokens, score / length_penalty(step + 1, config.length_penalty), score))
+                    accepted.append((row, rank))
+        if trace is not None and alive[0] == 0:  # the first sentence is still searched, in row 0
+            trace.append(trace_step(step, scores[0], history[0], top[0], beam[0], token[0], stays[0],
+                                    [rank for row, rank in accepted if row == 0], config.length_penalty))
 
         # The live beams, best first: row r, slot j continues beam new_beam[r, j] with new_token[r, j].
         slots = (~stays).to(torch.int8).argsort(dim=1, stable=True)[:, :K]  # (b, K) ranks of the live candidates
