@@ -17,7 +17,7 @@ from pathlib import Path
 from qkv.decode import DecodeConfig, beam_search
 from qkv.model import Transformer
 from qkv.tokenizer import Tokenizer
-from qkv.translate import collate_sources
+from qkv.translate import collate_sources, suppressed_tokens
 
 COLORS = {"live": "#1f77b4", "finished": "#2ca02c", "pruned": "#b0b0b0"}
 
@@ -43,7 +43,8 @@ def trace_beam(model: Transformer, tokenizer: Tokenizer, sentence: str, config: 
     src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
     steps: list[dict] = []
     model.eval()
-    hyps = beam_search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config, trace=steps)[0]
+    hyps = beam_search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config, trace=steps,
+                       suppress=suppressed_tokens(tokenizer))[0]
     for record in steps:
         for candidate in record["candidates"]:
             candidate["piece"] = tokenizer.pieces([candidate["token"]])[0]

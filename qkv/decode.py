@@ -173,7 +173,8 @@ def _start(model: Transformer, src: Tensor, bos_id: int, config: DecodeConfig):
 
 @torch.inference_mode()
 def greedy_search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    suppress: tuple[int, ...] = (),
 ) -> list[list[int]]:
     """The most likely next token at every step (or, with ``config.sampling``, one drawn at random,
     each sentence from a generator seeded by ``seeds``). src: (B, S). Returns token lists without BOS/EOS."""
@@ -186,6 +187,8 @@ def greedy_search(
     alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
     for step in range(int(limits.max())):
         logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
+        if suppress:
+            logits[:, -1, list(suppress)] = float("-inf")
         if config.sampling:
             next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
         else:
@@ -205,7 +208,8 @@ def greedy_search(
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None,
+    suppress: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
 
@@ -217,6 +221,7 @@ def beam_search(
     of a sentence share one copy of its memory and cross-attention keys and values.
 
     ``trace``: a list that receives, for the first sentence, one record per step (``trace_step``).
+    ``suppress``: token ids never appended (their log-probability set to -inf, without renormalising).
     """
     B, K, device = src.size(0), config.beam_size, src.device
     memory, src_mask, state, last, limits = _start(model, src, bos_id, config)  # (B, S, D), (B, S), state, (B, 1), (B,)
@@ -229,6 +234,8 @@ def beam_search(
         b, k = scores.shape
         logits, _ = model.decode(last, memory, src_mask, state=state)  # (b*k, 1, V)
         log_probs = logits[:, -1].float().log_softmax(dim=-1).view(b, k, -1)  # (b, k, V)
+        if suppress:
+            log_probs[:, :, list(suppress)] = float("-inf")
         top, beam, token = beam_candidates(scores, log_probs, min(2 * K, k * log_probs.size(2)))  # (b, 2K)
         last_step = torch.tensor([step == limits[s] - 1 for s in alive], device=device)  # (b,)
         finishing, stays = split_candidates(top, token, k=K, eos_id=eos_id, last_step=last_step)  # (b, 2K)
@@ -281,11 +288,12 @@ def beam_search(
 
 
 def search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None
+    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    suppress: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
-    beam search otherwise. ``seeds``: one per sentence, for sampling."""
+    beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output."""
     if config.beam_size == 1:
-        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds)
+        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress)
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]
-    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config)
+    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, suppress=suppress)

@@ -49,6 +49,12 @@ def length_batches(lengths: list[int], *, max_tokens: int, max_sentences: int) -
     return batches
 
 
+def suppressed_tokens(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Tokens a search must never output: a decoder that starts from the pad token (Marian's, whose
+    OPUS-MT configs forbid generating it through ``bad_words_ids``) never produces pad."""
+    return (tokenizer.pad_id,) if tokenizer.bos_id == tokenizer.pad_id else ()
+
+
 def sentence_seed(seed: int, src_ids: list[int]) -> int:
     """A sampling seed for one sentence from the user's seed and the sentence itself: the same sentence
     gets the same sample under a seed wherever it stands in the input and however it is batched."""
@@ -115,7 +121,8 @@ class Translator:
             src = collate_sources([src_ids[i] for i in indices], pad_id=tok.pad_id, eos_id=tok.eos_id)
             src = src.to(self.model.device)  # the model's device (a GPU while training, or with --device)
             seeds = [sentence_seed(self.config.seed, src_ids[i]) for i in indices] if self.config.sampling else None
-            hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds)
+            hyps = search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds,
+                          suppress=suppressed_tokens(tok))
             for i, h in zip(indices, hyps):
                 results[i] = h
         return results

@@ -21,7 +21,7 @@ from torch import Tensor
 from qkv.decode import DecodeConfig, search
 from qkv.model import Transformer
 from qkv.tokenizer import Tokenizer
-from qkv.translate import collate_sources
+from qkv.translate import collate_sources, suppressed_tokens
 
 Kind = Literal["cross", "enc-self", "dec-self"]
 KINDS: tuple[Kind, ...] = ("cross", "enc-self", "dec-self")
@@ -71,7 +71,8 @@ def capture_attention(
     config = config or DecodeConfig()
     src_ids = tokenizer.encode(sentence)[: model.config.max_len - 1]
     src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
-    hyp = search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config)[0][0].tokens
+    hyp = search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config,
+                 suppress=suppressed_tokens(tokenizer))[0][0].tokens
     return attention_of(model, tokenizer, sentence, src_ids, hyp)
 
 

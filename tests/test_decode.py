@@ -4,6 +4,7 @@ penalties, n-best lists, and batch invariance (a sentence translates the same al
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from qkv.decode import (
     split_candidates,
 )
 from qkv.model import Transformer
-from qkv.translate import Translator, collate_sources, length_batches
+from qkv.translate import Translator, collate_sources, length_batches, suppressed_tokens
 
 V, PAD, BOS, EOS = 23, 0, 2, 3
 NEG_INF = float("-inf")
@@ -248,3 +249,20 @@ def test_translator_n_best_lists(trained):
         assert n[0].text == trained.tokenizer.decode(n[0].tokens)
     assert nbest[1][0].text == ""
     assert math.isfinite(nbest[0][0].score)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_suppressed_tokens_are_never_output(beam_size):
+    model, src = make_model(0), batch(sources([6, 9, 4, 7], seed=2))
+    config = DecodeConfig(beam_size=beam_size, n_best=beam_size, max_len_b=8)
+    free = search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+    common = Counter(t for hyps in free for h in hyps for t in h.tokens).most_common(1)[0][0]  # a token it does use
+    held = search(model, src, bos_id=BOS, eos_id=EOS, config=config, suppress=(common,))
+    assert all(common not in h.tokens for hyps in held for h in hyps) and held != free
+
+
+def test_a_decoder_that_starts_from_pad_never_outputs_pad():
+    from types import SimpleNamespace
+
+    assert suppressed_tokens(SimpleNamespace(bos_id=0, pad_id=0)) == (0,)  # Marian: <pad> starts the decoder
+    assert suppressed_tokens(SimpleNamespace(bos_id=2, pad_id=0)) == ()  # qkv's own tokenizer
