@@ -42,7 +42,9 @@ class ModelConfig:
     Departures from the paper are named flags whose default is the paper's choice:
     ``norm_first`` (pre-LN; the paper is post-LN), ``activation`` (the paper uses ReLU),
     ``position_layout`` ("split" puts all sines before all cosines, as Marian does; the paper
-    interleaves them), ``output_bias`` (Marian's final-logits bias).
+    interleaves them), ``learned_positions`` (a trained table of position vectors, which the paper
+    tried and found "nearly identical" to the sinusoids, table 3 row E), ``output_bias`` (Marian's
+    final-logits bias).
     """
 
     src_vocab_size: int = 8000
@@ -61,6 +63,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
     max_len: int = 1024
     position_layout: PositionLayout = "interleaved"
+    learned_positions: bool = False  # a learned (max_len, D) table instead of the sinusoids
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (section 3.4)
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary)
     tie_output: bool = True  # pre-softmax projection shares the target embedding (section 3.4)

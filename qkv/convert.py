@@ -198,6 +198,8 @@ def _huggingface_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def _check_exportable(config: ModelConfig) -> None:
+    if config.learned_positions:
+        raise ValueError("this model learned its positions; Hugging Face's Marian and Pegasus have sinusoidal ones")
     if config.head_dim_k != config.d_model // config.n_heads or config.head_dim_v != config.d_model // config.n_heads:
         raise ValueError("Hugging Face's Marian and Pegasus need d_k = d_v = d_model / n_heads")
     if config.layer_norm_eps != 1e-5:

@@ -66,7 +66,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     w = {name: t.detach().float().cpu().numpy() for name, t in model.state_dict().items()}
-    table = model.positions.table.float().cpu().numpy()
+    table = model.positions.table.detach().float().cpu().numpy()
     scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
     Hk = cfg.n_heads * cfg.head_dim_k
 

@@ -53,6 +53,21 @@ class PositionalEncoding(nn.Module):
         return x + self.table[offset : offset + T]  # (B, T, D) + (T, D)
 
 
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings: a trained (max_len, D) table added like the sinusoids (the
+    paper's table 3, row E). Initialised N(0, 1/D), on the scale of the scaled token embeddings' rows."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(max_len, d_model) * d_model**-0.5)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        T = x.size(1)
+        if offset + T > self.table.size(0):
+            raise ValueError(f"sequence of length {offset + T} exceeds max_len {self.table.size(0)}")
+        return x + self.table[offset : offset + T]  # (B, T, D) + (T, D)
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately (section 3.3)."""
 
@@ -179,7 +194,10 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(config.src_vocab_size, D)
         self.tgt_embed = self.src_embed if config.share_embeddings else nn.Embedding(config.tgt_vocab_size, D)
         self.embed_scale = math.sqrt(D) if config.scale_embeddings else 1.0
-        self.positions = PositionalEncoding(D, config.max_len, config.position_layout)
+        self.positions = (
+            LearnedPositions(D, config.max_len) if config.learned_positions
+            else PositionalEncoding(D, config.max_len, config.position_layout)
+        )
         self.dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_decoder_layers))

@@ -83,9 +83,9 @@ def test_changing_padded_source_tokens_changes_nothing():
     torch.testing.assert_close(alone[0], reference[0], atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_incremental_decoding_with_cache_equals_full_forward(norm_first):
-    model = make_model(norm_first=norm_first)
+@pytest.mark.parametrize("norm_first,learned", [(False, False), (True, False), (True, True)])
+def test_incremental_decoding_with_cache_equals_full_forward(norm_first, learned):
+    model = make_model(norm_first=norm_first, learned_positions=learned)
     src = torch.randint(1, V, (3, 6))
     src[1, 3:] = PAD
     tgt = torch.randint(1, V, (3, 7))
@@ -152,3 +152,28 @@ def test_module_has_no_device_argument_and_moves_with_to():
     model = make_model().float()
     assert model.positions.table.dtype == torch.float32
     assert model.positions.table.device == model.src_embed.weight.device
+
+
+def test_learned_positions_are_a_trained_saved_parameter(tmp_path):
+    from qkv import checkpoint
+    from qkv.convert import to_huggingface
+    from qkv.tokenizer import Tokenizer
+
+    model = make_model(learned_positions=True).float().train()
+    table = model.positions.table
+    assert isinstance(table, torch.nn.Parameter) and table.shape == (model.config.max_len, model.config.d_model)
+    src, tgt = torch.randint(1, V, (2, 5)), torch.randint(1, V, (2, 4))
+    model(src, tgt).sum().backward()
+    assert table.grad[:4].abs().sum() > 0 and table.grad[5:].abs().sum() == 0  # the positions used, only
+    # moving position 0 changes the output: the table is read
+    with torch.no_grad():
+        before = model.eval()(src, tgt)
+        table[0] += 1.0
+        assert not torch.allclose(before, model(src, tgt))
+    sentences = ["a b c d e f g h", "b c d e f g h a"] * 10
+    tok = Tokenizer.train(sentences, vocab_size=V, path=tmp_path / "spm.model")
+    saved = checkpoint.save(tmp_path / "ckpt", model, tok, configs={})
+    loaded = checkpoint.load(saved).model
+    torch.testing.assert_close(loaded.positions.table, table.detach())
+    with pytest.raises(ValueError, match="learned its positions"):
+        to_huggingface(model, bos_id=1, eos_id=2)
