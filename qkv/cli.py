@@ -84,6 +84,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
     p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write losses, learning rate, throughput and validation scores as TensorBoard scalars to DIR (needs the tensorboard package)")
     p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process uses its rank's device")
     p.add_argument("--accumulate", type=int, metavar="K", help="sum K batches per optimizer step, per process")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast on a GPU (ignored on the CPU)")
@@ -145,7 +146,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
         if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
             _check_resume_agrees(args.resume, *build_configs(args.preset or "multi30k", model=parse_overrides(args.model), train={}, data=data))
-        trainer = Trainer.resume(args.resume, device=device, **train_overrides)
+        trainer = Trainer.resume(args.resume, device=device, tensorboard=args.tensorboard, **train_overrides)
     else:
         file = read_config_file(args.config) if args.config else {}
         preset = args.preset or file.get("preset", "multi30k")
@@ -166,7 +167,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
         problem = check_new_run(Path(args.out), overwrite=args.overwrite)
         if distributed.any_rank([problem is not None], ctx)[0]:
             raise ValueError(problem or f"--out {args.out} was refused by another process")
-        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent, device=device)
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent, device=device,
+                          tensorboard=args.tensorboard)
         if trainer.deleted:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:

@@ -118,10 +118,11 @@ class RunLog:
     dropped (with a warning) when the log is opened again, so that the run can be resumed.
     """
 
-    def __init__(self, path: Path, *, enabled: bool = True) -> None:
+    def __init__(self, path: Path, *, enabled: bool = True, tensorboard: str | Path | None = None) -> None:
         self.path = path
         self.enabled = enabled
         self.records: list[dict[str, Any]] = []
+        self.tensorboard = open_tensorboard(tensorboard) if tensorboard and enabled else None
         if not enabled or not path.exists():  # other ranks never read the records
             return
         data = path.read_bytes()
@@ -151,6 +152,25 @@ class RunLog:
                 failure.errno = error.errno
                 raise failure from None
         self.records.append(record)
+        if self.tensorboard is not None and record.get("event") in ("train", "valid") and "step" in record:
+            for key, value in record.items():
+                if key not in ("time", "event", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(f"{record['event']}/{key}", value, record["step"])
+            if record["event"] == "valid":
+                self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+def open_tensorboard(directory: str | Path):
+    """A TensorBoard ``SummaryWriter`` for ``--tensorboard DIR`` (the optional tensorboard package)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ValueError("--tensorboard needs the tensorboard package: pip install 'qkv[tensorboard]'") from None
+    return SummaryWriter(str(directory))
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:

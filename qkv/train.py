@@ -65,11 +65,13 @@ class Trainer:
     def __init__(
         self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *,
         start_over: bool = False, init_from: checkpoint.Checkpoint | None = None, device: torch.device | None = None,
+        tensorboard: str | Path | None = None,
     ) -> None:
         """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
         has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went.
         ``device``: where a single process trains (default: the first GPU if there is one, else the
-        CPU); under torchrun each process takes the device its rank was given."""
+        CPU); under torchrun each process takes the device its rank was given. ``tensorboard``: a
+        directory where the log's training and validation numbers also go as TensorBoard scalars."""
         self.run_dir = Path(run_dir)
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
@@ -81,7 +83,7 @@ class Trainer:
         self.train_data, self.valid_data = load_corpora(data)
         self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main)
+        self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main, tensorboard=tensorboard)
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
         tokenizer = None
         if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
@@ -130,7 +132,9 @@ class Trainer:
         self.stop = StopSignals()  # handles signals only while run() is inside it
 
     @classmethod
-    def resume(cls, run_dir: str | Path, *, device: torch.device | None = None, **train_overrides: Any) -> Trainer:
+    def resume(
+        cls, run_dir: str | Path, *, device: torch.device | None = None, tensorboard: str | Path | None = None, **train_overrides: Any
+    ) -> Trainer:
         """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position.
 
         Overrides that could not take effect are refused (ValueError): Adam's betas, eps and weight
@@ -156,7 +160,8 @@ class Trainer:
             tmp = tokenizer_path.with_name(tokenizer_path.name + ".tmp")
             tmp.write_bytes(saved_tokenizer)
             os.replace(tmp, tokenizer_path)
-        trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device)
+        trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
+                      tensorboard=tensorboard)
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
@@ -431,7 +436,7 @@ class Trainer:
         )
         bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
         together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
-        with self.stop:
+        with self.stop, contextlib.closing(self.log):
             try:
                 stopped_because = self._train(bar)
                 bar.close()
