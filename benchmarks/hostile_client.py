@@ -158,7 +158,11 @@ async def run_hostile(url: str, *, flood_clients: int = 20, polite_clients: int 
             asyncio.create_task(largest_accepted(http, url, work_candidates(limits, max_output))),
             asyncio.create_task(largest_accepted(http, url, attention_candidates(limits))),
         ]
-        await asyncio.sleep(0.2)  # the two largest requests are in the queue first
+        # The two largest requests are in the queue before the flood (waiting on the server's counter,
+        # not a sleep: on a busy machine finding the largest accepted size takes longer).
+        deadline = time.perf_counter() + 60
+        while (await http.get(f"{url}/v1/stats")).json()["requests"] < before["requests"] + 2 and time.perf_counter() < deadline:
+            await asyncio.sleep(0.02)
         flood_body = work_candidates(limits, max_output)[0]
         flooding = asyncio.create_task(asyncio.to_thread(flood, url, flood_body, flood_clients, linger))
         await asyncio.sleep(linger + 0.3)  # the flood has hung up

@@ -525,7 +525,10 @@ def test_body_limit_answers_413_before_reading_the_body(server):
 def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp_path):
     """Oversized bodies, the largest requests the default limits allow, and 20 clients that send the
     largest request and hang up, against a model that never stops early: /health keeps answering
-    (p99 under 100 ms), the polite clients are served, and the flood's work is dropped."""
+    (every probe, p99 under a second, while the flood's admitted requests hold seconds of decoding:
+    a /health queued behind them would wait that long; the latencies are reported, not judged
+    finer, as timings on a shared machine are not a test), the polite clients are served, and the
+    flood's work is dropped."""
     prelude = NEVER_STOP_PRELUDE.format(step_s=0)
     log = tmp_path / "server.log"
     with load_test.ServerProcess(model_dir, "--log-level", "info", log_path=log, prelude=prelude) as server:
@@ -537,7 +540,7 @@ def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp
     assert [p["status"] for p in result["polite"]] == [200] * 8, report
     health = result["health"]
     assert not health["failures"] and health["n"] >= 50, report
-    assert health["p99_ms"] < 100, report
+    assert health["p99_ms"] < 1000, report
     counters = result["server"]
     flood_admitted = counters["requests"] - 2 - 8  # the rest of the flood was refused with 503
     assert flood_admitted >= 1, report
