@@ -29,9 +29,11 @@ reported as the median sentences/s and the min-max. BLEU and the share of output
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import shutil
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,11 +104,13 @@ class _Engines:
     that they batch their own way."""
 
     def __init__(self, model, tok, src_ids, config: DecodeConfig, *, hf, ct2_dir: Path | None, threads: int,
-                 ct2_cache: dict) -> None:
+                 ct2_cache: dict, qkv_computes: tuple[str, ...] = ("float32",)) -> None:
         self.model, self.tok, self.src_ids, self.config, self.hf = model, tok, src_ids, config, hf
         self.ct2_dir, self.threads, self._ct2 = ct2_dir, threads, ct2_cache  # CTranslate2 translators, shared by beams
         self.limits = [max_output_length(model, len(ids) + 1, config) for ids in src_ids]
-        self.qkv_model = {"float32": model, "int8": int8_model(model) if int8_supported() else None}  # qkv translate --int8
+        self.qkv_model = {"float32": model}
+        if "int8" in qkv_computes:
+            self.qkv_model["int8"] = int8_model(model)  # qkv translate --int8
 
     def ct2(self, compute: str, inter: int = 1, intra: int | None = None):
         import ctranslate2
@@ -212,37 +216,29 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
     engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c}" not in missing]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
-    everything, sample = list(range(n)), list(range(0, n, 4))
-    rows, choices, ct2_cache = [], [], {}
+    rows, choices = [], []
+    spawn = multiprocessing.get_context("spawn")
     for beam in (1, 5):
-        runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam), hf=hf, ct2_dir=ct2_dir, threads=threads,
-                           ct2_cache=ct2_cache)
         for table in ("same", "own"):
             qkv_out = None
             for engine, compute in engines:
                 label = f"{table} batches" if table == "same" else "own settings"
                 load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
-                if table == "same":
-                    fn, settings = runners.same(engine, compute), f"{len(batches)} batches of <= {batch_size} sentences"
-                    warm, timed = batches[::8], batches
-                else:
-                    choice = None
-                    if engine == "ctranslate2":
-                        choice, trials = runners.choose_ct2(compute, sample, budgets)
-                        choices.append({"beam": beam, "compute": compute, "chosen": choice, "trials": trials})
-                    fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice)
-                    warm, timed = everything[::8], everything
-                fn(warm)
-                seconds, out = repeat_timed(lambda: fn(timed), repeats)
-                outputs = [out[i] for i in range(n)]
+                # Each cell in a fresh process: an engine that ran before (CTranslate2's thread pools
+                # above all) slows PyTorch down for the rest of a process's life.
+                with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+                    cell = pool.submit(_cell, checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets,
+                                       threads, repeats, ct2_dir).result()
+                if cell["choice"] is not None:
+                    choices.append({"beam": beam, "compute": compute, "chosen": cell["choice"], "trials": cell["trials"]})
+                outputs = cell["outputs"]
                 qkv_out = outputs if (engine, compute) == ("qkv", "float32") else qkv_out
-                row = _row(table, engine, compute, beam, settings, seconds, load_1min, threads, n, outputs, qkv_out,
-                           [tok.decode(t) for t in outputs], references)
+                row = _row(table, engine, compute, beam, cell["settings"], cell["seconds"], load_1min, threads, n, outputs,
+                           qkv_out, [tok.decode(t) for t in outputs], references)
                 rows.append(row)
                 log(f"translation {label}, {engine} {compute} beam {beam}: {row['sentences_per_s']:.1f} sentences/s "
                     f"({row['sentences_per_s_min']:.1f}-{row['sentences_per_s_max']:.1f}), BLEU {row['bleu']:.2f}, "
                     f"identical to qkv {100 * row['identical_to_qkv']:.1f}%")
-    ct2_cache.clear()  # the translators hold the model files open
     if ct2_dir is not None:
         shutil.rmtree(ct2_dir, ignore_errors=True)
     return {"checkpoint": str(loaded.path), "hf_model": type(hf).__name__ if hf is not None else None, "sentences": n,
@@ -250,6 +246,34 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
             "ct2_compute_types": compute_types, "ct2_choices": choices, "missing": missing, "rows": rows,
             "targets": targets(rows),
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
+
+
+def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, engine: str, compute: str, batch_size: int,
+          budgets: tuple[int, ...], threads: int, repeats: int, ct2_dir: Path | None) -> dict:
+    """One cell of the tables, run in a process of its own: the warm-up, then ``repeats`` timed passes."""
+    torch.set_num_threads(threads)
+    loaded = checkpoint.load(checkpoint_dir)
+    model, tok = loaded.model, loaded.tokenizer
+    data = loaded.config.get("data", {})
+    sources = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir).src[:n]
+    hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id) if engine == "huggingface" else None
+    src_ids = [Translator(model, tok).encode(s) for s in sources]
+    runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam), hf=hf, ct2_dir=ct2_dir, threads=threads,
+                       ct2_cache={}, qkv_computes=(compute,) if engine == "qkv" else ())
+    choice = trials = None
+    if table == "same":
+        batches = same_batches(src_ids, batch_size)
+        fn, settings = runners.same(engine, compute), f"{len(batches)} batches of <= {batch_size} sentences"
+        warm, timed = batches[::8], batches
+    else:
+        everything = list(range(n))
+        if engine == "ctranslate2":
+            choice, trials = runners.choose_ct2(compute, everything[::4], budgets)
+        fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice)
+        warm, timed = everything[::8], everything
+    fn(warm)
+    seconds, out = repeat_timed(lambda: fn(timed), repeats)
+    return {"seconds": seconds, "outputs": [out[i] for i in range(n)], "settings": settings, "choice": choice, "trials": trials}
 
 
 def _own_settings(engine: str, ct2_choice) -> str:
