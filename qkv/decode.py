@@ -193,9 +193,9 @@ def greedy_search(
             next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
         else:
             next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
-        for row, sentence in enumerate(alive.tolist()):
-            if next_tokens[row] != eos_id:
-                outputs[sentence].append(int(next_tokens[row]))
+        for sentence, token in zip(alive.tolist(), next_tokens.tolist()):  # one host read per step
+            if token != eos_id:
+                outputs[sentence].append(token)
         keep = ((next_tokens != eos_id) & (step + 1 < limits[alive])).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
@@ -237,8 +237,8 @@ def beam_search(
         if suppress:
             log_probs[:, :, list(suppress)] = float("-inf")
         top, beam, token = beam_candidates(scores, log_probs, min(2 * K, k * log_probs.size(2)))  # (b, 2K)
-        last_step = torch.tensor([step == limits[s] - 1 for s in alive], device=device)  # (b,)
-        finishing, stays = split_candidates(top, token, k=K, eos_id=eos_id, last_step=last_step)  # (b, 2K)
+        final_step = [step == limits[s] - 1 for s in alive]  # (b,) whether each sentence takes its last step
+        finishing, stays = split_candidates(top, token, k=K, eos_id=eos_id, last_step=torch.tensor(final_step, device=device))
 
         # Finished hypotheses: host work only for the (few) candidates that end this step.
         rows, ranks = finishing.nonzero(as_tuple=True)
@@ -267,7 +267,7 @@ def beam_search(
         scores, last = new_scores, new_token.view(-1, 1)
 
         no_live = (~live[:, 0]).tolist()
-        done = [r for r, s in enumerate(alive) if len(finished[s]) >= K or step == limits[s] - 1 or no_live[r]]
+        done = [r for r, s in enumerate(alive) if len(finished[s]) >= K or final_step[r] or no_live[r]]
         if done:
             keep = [r for r in range(b) if r not in set(done)]
             if not keep:
