@@ -43,8 +43,9 @@ class KVCache:
     def v(self) -> Tensor:
         return self._buffers[1][: self.rows, :, : self.length]
 
-    def __bool__(self) -> bool:
-        return self._buffers is not None
+    @property
+    def empty(self) -> bool:
+        return self._buffers is None
 
     def store(self, k: Tensor, v: Tensor) -> None:
         """Hold ``k`` (N, H, n, d_k) and ``v`` (N, H, n, d_v) as they are (cross-attention's memory)."""
@@ -54,10 +55,10 @@ class KVCache:
         """Write the keys (N, H, m, d_k) and values (N, H, m, d_v) of m new positions after the
         cached ones; return all keys and values so far, (N, H, length + m, d)."""
         end = self.length + k.size(2)
-        if self._buffers is None or end > self._buffers[0].size(2):
-            capacity = max(self.capacity, 2 * end) if self._buffers is not None else max(self.capacity, end)
+        if self.empty or end > self._buffers[0].size(2):
+            capacity = max(self.capacity, end if self.empty else 2 * end)  # doubles when it overflows
             grown = tuple(x.new_empty(x.size(0), x.size(1), capacity, x.size(3)) for x in (k, v))
-            if self._buffers is not None:
+            if not self.empty:
                 for new, old in zip(grown, (self.k, self.v)):
                     new[:, :, : self.length] = old
             self._buffers, self._spare, self.rows = grown, None, k.size(0)
@@ -68,7 +69,7 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (in that order) of the cached keys and values."""
-        if self._buffers is None:
+        if self.empty:
             return
         if self._spare is None or self._spare[0].size(0) < index.numel() or self._spare[0].size(2) != self._buffers[0].size(2):
             self._spare = tuple(x.new_empty(max(index.numel(), x.size(0)), *x.shape[1:]) for x in self._buffers)
@@ -213,7 +214,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, H, past + m, d)
         else:
             q = F.linear(query, self.in_proj.weight[:Hk], None if self.in_proj.bias is None else self.in_proj.bias[:Hk])
-            if cache:
+            if cache is not None and not cache.empty:
                 k, v = cache.k, cache.v
             else:
                 w, b = self.in_proj.weight[Hk:], None if self.in_proj.bias is None else self.in_proj.bias[Hk:]

@@ -75,9 +75,10 @@ class Ensemble(nn.Module):
         """The mean of the models' log-probabilities (B, T, V), in place of logits."""
         if need_weights:
             raise ValueError("an ensemble has no single set of attention weights: inspect one model at a time")
+        states = [None] * len(self.models) if state is None else state.parts
         log_probs = [
-            model.decode(tgt, part, src_mask, state=None if state is None else model_state)[0].float().log_softmax(dim=-1)
-            for model, part, model_state in zip(self.models, memory.parts, state.parts if state else [None] * len(self.models))
+            model.decode(tgt, part, src_mask, state=model_state)[0].float().log_softmax(dim=-1)
+            for model, part, model_state in zip(self.models, memory.parts, states)
         ]  # M x (B, T, V)
         return torch.stack(log_probs).mean(dim=0), None
 

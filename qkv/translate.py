@@ -13,7 +13,6 @@ import torch
 from qkv import checkpoint
 from qkv.decode import DecodeConfig, Hypothesis, search
 from qkv.model import Transformer
-from qkv.quantize import int8_model
 from qkv.tokenizer import Tokenizer
 
 
@@ -87,12 +86,10 @@ class Translator:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, config: DecodeConfig | None = None, *, int8: bool = False, device: str | torch.device = "cpu", **kwargs
+        cls, path: str | Path, config: DecodeConfig | None = None, *, device: str | torch.device = "cpu", **kwargs
     ) -> Translator:
-        """``int8``: decode with int8 linear layers (``qkv.quantize``, CPU only), an approximation of the model."""
         loaded = checkpoint.load(path, device=device)
-        model = int8_model(loaded.model) if int8 else loaded.model
-        return cls(model, loaded.tokenizer, config, **kwargs)
+        return cls(loaded.model, loaded.tokenizer, config, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         """Subword ids of ``text``, cut to what the model's positions allow (with a warning).
