@@ -143,6 +143,8 @@ def attend(args: argparse.Namespace) -> int:
     from qkv.outputs import check_output, output_file
     from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
 
+    if args.trace and Path(args.trace).resolve() == Path(args.out).resolve():
+        raise ValueError("--trace and --out name the same files (OUT.png, OUT.html): give them different names")
     for path in (f"{args.out}.png", f"{args.out}.html", args.json, *trace_paths(args.trace)):
         if path:
             check_output(path, force=args.force)
