@@ -5,13 +5,15 @@ CTranslate2 on the same weights, greedy and beam 5, fp32 (CTranslate2 also int8)
 of ``SAME_BATCH`` sentences; every engine translates exactly these batches, one call per batch,
 under one length limit per batch: the largest of qkv's per-sentence limits (``1.5 * (length + 1) +
 10``) in it, since Hugging Face and CTranslate2 take one limit per call (qkv gets it as
-``max_len_a=0, max_len_b=limit``). Every beam search stops at beam-size finished hypotheses.
+``max_len_a=0, max_len_b=limit``). Every beam search stops at beam-size finished hypotheses
+(qkv with ``stop_early``).
 CTranslate2 runs qkv's rules (``qkv.export.ct2_translate_ids``: GNMT length penalty, so the same
 algorithm as qkv); Hugging Face normalises by ``length ** 0.6``, its only choice. All engines use
 the same number of threads (torch's; CTranslate2 ``intra_threads``), one batch at a time.
 
 **Own settings.** Each engine as a user would run it for throughput:
-- qkv: ``Translator`` with its defaults (its own length-sorted batches, per-sentence limits).
+- qkv: ``Translator`` with its defaults (its own length-sorted batches, per-sentence limits, and a
+  sentence searched until no live beam can beat its best finished hypothesis).
 - Hugging Face: batches of 64 sentences sharing a length limit (``generate`` takes one).
 - CTranslate2: one ``translate_batch`` call over all sentences with ``batch_type="tokens"`` (batches
   by source tokens, so long sentences do not make large batches), its own length normalisation and
@@ -258,7 +260,7 @@ def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, eng
     sources = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir).src[:n]
     hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id) if engine == "huggingface" else None
     src_ids = [Translator(model, tok).encode(s) for s in sources]
-    runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam), hf=hf, ct2_dir=ct2_dir, threads=threads,
+    runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam, stop_early=table == "same"), hf=hf, ct2_dir=ct2_dir, threads=threads,
                        ct2_cache={}, qkv_computes=(compute,) if engine == "qkv" else ())
     choice = trials = None
     if table == "same":

@@ -30,6 +30,9 @@ class DecodeConfig:
     max_len_a: float = 1.5
     max_len_b: int = 10
     n_best: int = 1
+    # Stop a sentence as soon as it has beam_size finished hypotheses (CTranslate2's and fairseq's
+    # rule), instead of when no live beam can still beat them: faster, and not always the best.
+    stop_early: bool = False
     # Sampling instead of search: each token drawn from softmax(logits / temperature), restricted to
     # the top_k most likely tokens (0: all) and to the smallest set holding top_p of the probability.
     sampling: bool = False
@@ -214,8 +217,13 @@ def beam_search(
     """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
 
     Each step takes the 2K best extensions of a sentence's K beams: those ending in EOS among the
-    first K become finished hypotheses, and the best K that do not end in EOS stay live. A sentence
-    is done when it has K finished hypotheses or reaches the maximum length.
+    first K become finished hypotheses (a sentence keeps its K best by normalised score), and the
+    best K that do not end in EOS stay live. A sentence is done at its maximum length, or when no
+    live beam can still beat its ``n_best``-th finished hypothesis: a live beam's log-probability
+    only falls as it grows, and the normaliser only rises, so ``score / length_penalty(limit)``
+    bounds every hypothesis it can become. The result is the best normalised hypotheses the beam
+    finds, not merely the first K to finish (``config.stop_early`` stops at the first K, as
+    CTranslate2 does).
 
     The first step decodes BOS once per sentence (all K beams would be the same), and the K beams
     of a sentence share one copy of its memory and cross-attention keys and values.
@@ -248,10 +256,14 @@ def beam_search(
                         history[rows, beam[rows, ranks]].tolist())
             for row, rank, score, t, tokens in ended:
                 hyps = finished[alive[row]]
-                if len(hyps) < K:  # in rank order: the best fill the room left
-                    tokens = tokens + ([] if t == eos_id else [t])
-                    hyps.append(Hypothesis(tokens, score / length_penalty(step + 1, config.length_penalty), score))
-                    accepted.append((row, rank))
+                normalized = score / length_penalty(step + 1, config.length_penalty)
+                if len(hyps) == K and normalized <= hyps[-1].score:
+                    continue  # no better than the K kept
+                tokens = tokens + ([] if t == eos_id else [t])
+                hyps.append(Hypothesis(tokens, normalized, score))
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                del hyps[K:]
+                accepted.append((row, rank))
         if trace is not None and alive[0] == 0:  # the first sentence is still searched, in row 0
             trace.append(trace_step(step, scores[0], history[0], top[0], beam[0], token[0], stays[0],
                                     [rank for row, rank in accepted if row == 0], config.length_penalty))
@@ -266,8 +278,8 @@ def beam_search(
         history = torch.cat([history.view(b * k, step)[source_rows].view(b, K, step), new_token[..., None]], dim=2)
         scores, last = new_scores, new_token.view(-1, 1)
 
-        no_live = (~live[:, 0]).tolist()
-        done = [r for r, s in enumerate(alive) if len(finished[s]) >= K or final_step[r] or no_live[r]]
+        best_live = new_scores[:, 0].tolist()  # (b,) -inf where a sentence has no live beam
+        done = [r for r, s in enumerate(alive) if final_step[r] or not _can_improve(finished[s], best_live[r], limits[s], config)]
         if done:
             keep = [r for r in range(b) if r not in set(done)]
             if not keep:
@@ -280,11 +292,18 @@ def beam_search(
             state.reorder(groups, kinds=("cross",))
         # The cross-attention caches hold one row per sentence; the self-attention caches one per beam.
         state.reorder(source_rows, kinds=("self",))
-    results = []
-    for hyps in finished:
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        results.append(hyps[: config.n_best])
-    return results
+    return [hyps[: config.n_best] for hyps in finished]
+
+
+def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: DecodeConfig) -> bool:
+    """Whether a live beam of total log-probability ``live_score`` could still enter a sentence's
+    ``n_best`` finished hypotheses (``hyps``, best first): its score can only fall, and its
+    normaliser is at most ``length_penalty(limit)``."""
+    if live_score == float("-inf") or (config.stop_early and len(hyps) >= config.beam_size):
+        return False
+    if len(hyps) < config.n_best:
+        return True
+    return live_score / length_penalty(limit, config.length_penalty) > hyps[config.n_best - 1].score
 
 
 def search(

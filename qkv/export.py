@@ -204,7 +204,8 @@ def ct2_translate_ids(
     translator: Any, tokenizer: Tokenizer, src_ids: list[list[int]], config: DecodeConfig,
     *, max_len: int, max_batch_size: int = 64,
 ) -> list[list[int]]:
-    """Translate with a ``ctranslate2.Translator`` under qkv's search rules; token ids without BOS/EOS.
+    """Translate with a ``ctranslate2.Translator`` under qkv's search rules with ``stop_early`` (CTranslate2
+    stops a sentence at beam_size finished hypotheses); token ids without BOS/EOS.
 
     Sentences are grouped by their maximum output length (``max_len_a * (length + 1) + max_len_b``,
     as in qkv.decode), since CTranslate2 takes one limit per call. For beam search the beam_size
@@ -274,7 +275,7 @@ def parity_check(
     from qkv.translate import Translator
 
     loaded = checkpoint.load(checkpoint_dir)
-    config = DecodeConfig(beam_size=beam_size, length_penalty=length_penalty_alpha)
+    config = DecodeConfig(beam_size=beam_size, length_penalty=length_penalty_alpha, stop_early=True)  # CTranslate2's rule
     translator = Translator(loaded.model, loaded.tokenizer, config)
     ids = [translator.encode(s) for s in sources]
     started = time.perf_counter()

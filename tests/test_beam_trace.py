@@ -30,7 +30,8 @@ def test_the_trace_is_the_search(seed):
         (tuple(s["beams"][c["beam"]]["tokens"] + ([] if c["token"] == EOS else [c["token"]])), c["normalized"])
         for s in steps for c in s["candidates"] if c["fate"] == "finished"
     ]
-    assert sorted(finished, key=lambda f: -f[1]) == [(tuple(h.tokens), pytest.approx(h.score)) for h in hyps]
+    # a later, better hypothesis can push an earlier one out of the K kept: the K best are returned
+    assert sorted(finished, key=lambda f: -f[1])[: len(hyps)] == [(tuple(h.tokens), pytest.approx(h.score)) for h in hyps]
     scores = [c["score"] for s in steps for c in s["candidates"]]
     assert all(a >= b for s in steps for a, b in zip([c["score"] for c in s["candidates"]], [c["score"] for c in s["candidates"]][1:]))
     assert len(scores) > 3 * len(steps) - 1  # 2K candidates a step, less the unused

@@ -141,6 +141,71 @@ def test_beam_scores_are_the_models_log_probabilities_and_n_best_is_sorted():
             assert h.score == pytest.approx(h.log_prob / length_penalty(length, 0.6))
 
 
+class ScriptedState:
+    """Each beam's prefix (tokens after BOS), reordered as the search reorders its caches."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[tuple[int, ...]] = []
+
+    def reorder(self, index: torch.Tensor, kinds: tuple[str, ...] = ("self", "cross")) -> None:
+        if "self" in kinds:
+            self.prefixes = [self.prefixes[i] for i in index.tolist()]
+
+
+class ScriptedModel:
+    """A decoder whose next-token probabilities are a table over the prefix; the source is ignored.
+    Tokens: 0 pad, 1 BOS, 2 EOS, 3 "a", 4 "b"; a prefix not in the table ends with probability 0.9."""
+
+    config = model_preset("tiny", src_vocab_size=5, tgt_vocab_size=5, pad_id=0)
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]]) -> None:
+        self.table = table
+
+    def encode(self, src: torch.Tensor):
+        return torch.zeros(src.size(0), src.size(1), 2), src != 0, []
+
+    def new_state(self, capacity: int = 16) -> ScriptedState:
+        return ScriptedState()
+
+    def decode(self, tgt: torch.Tensor, memory, src_mask, *, state: ScriptedState, need_weights: bool = False):
+        tokens = tgt[:, -1].tolist()
+        state.prefixes = [() for _ in tokens] if not state.prefixes else [p + (t,) for p, t in zip(state.prefixes, tokens)]
+        log_probs = torch.full((len(tokens), 1, 5), -1e9)
+        for row, prefix in enumerate(state.prefixes):
+            for token, p in self.table.get(prefix, {2: 0.9, 3: 0.05, 4: 0.05}).items():
+                log_probs[row, 0, token] = math.log(p)
+        return log_probs, None
+
+
+def test_beam_search_returns_the_best_normalised_hypothesis_not_the_first_k_to_finish():
+    # K = 2, alpha = 1. Step 0 finishes "" (log 0.30); step 1 finishes "a" (log 0.62 + log 0.4), the
+    # second hypothesis: a search that stops at K finished hypotheses returns "a". But the live beam
+    # "a a" ends next with probability 0.9, and its normalised score is provably better.
+    a, b = 3, 4
+    model = ScriptedModel({(): {2: 0.30, a: 0.62, b: 0.08}, (a,): {2: 0.4, a: 0.6}, (a, a): {2: 0.9, a: 0.1}})
+    lp = lambda n: length_penalty(n, 1.0)  # noqa: E731
+    first_k = (math.log(0.62) + math.log(0.4)) / lp(2)  # "a": -1.195
+    longer = (math.log(0.62) + math.log(0.6) + math.log(0.9)) / lp(3)  # "a a": -0.821
+    assert longer > first_k > math.log(0.30) / lp(1)
+    config = DecodeConfig(beam_size=2, n_best=2, length_penalty=1.0, max_len_a=0.0, max_len_b=6)
+    (hyps,) = beam_search(model, torch.tensor([[3, 2]]), bos_id=1, eos_id=2, config=config)
+    assert [h.tokens for h in hyps] == [[a, a], [a]]
+    assert hyps[0].score == pytest.approx(longer) and hyps[1].score == pytest.approx(first_k)
+
+
+def test_beam_search_stops_when_no_live_beam_can_win():
+    # Every prefix ends with probability 0.9 except the first step: the search must not run on to the
+    # length limit (20 steps) once the live beams' bound falls below the best finished hypothesis.
+    model = ScriptedModel({(): {2: 0.5, 3: 0.3, 4: 0.2}})
+    calls = []
+    decode = model.decode
+    model.decode = lambda *args, **kwargs: calls.append(1) or decode(*args, **kwargs)
+    config = DecodeConfig(beam_size=2, length_penalty=1.0, max_len_a=0.0, max_len_b=20)
+    (hyps,) = beam_search(model, torch.tensor([[3, 2]]), bos_id=1, eos_id=2, config=config)
+    assert hyps[0].tokens == [] and hyps[0].score == pytest.approx(math.log(0.5))
+    assert len(calls) < 20
+
+
 def test_every_sentence_stops_at_its_own_length_limit():
     # max_len_a * (source tokens + EOS) + max_len_b, per sentence, even in a batch with longer ones
     model = make_model(2, never_eos=True)

@@ -51,7 +51,7 @@ def export(model: Transformer, tokenizer: Tokenizer, directory: Path):
 
 
 def both(model, tokenizer, engine, beam: int) -> tuple[list[list[int]], list[list[int]]]:
-    config = DecodeConfig(beam_size=beam)
+    config = DecodeConfig(beam_size=beam, stop_early=True)  # CTranslate2's stopping rule
     translator = Translator(model, tokenizer, config)
     ids = [translator.encode(s) for s in SOURCES]
     ours = [h[0].tokens for h in translator.translate_ids(ids)]

@@ -227,7 +227,7 @@ def test_beam_outputs_are_token_identical_where_the_search_rules_coincide(import
     transformers ranks a finished hypothesis by log-probability / length ** length_penalty, qkv by
     log-probability / ((5 + length) / 6) ** alpha (GNMT); with length_penalty=0.0 and alpha 0 both rank by
     the log-probability itself. With early_stopping=True transformers ends a sentence once num_beams
-    hypotheses have finished, as qkv does. Both take the 2 x num_beams best extensions at each step, finish
+    hypotheses have finished, as qkv does with stop_early. Both take the 2 x num_beams best extensions at each step, finish
     those among the best num_beams that end in EOS, continue the best num_beams that do not, and finish the
     best num_beams at the length limit (20 tokens, EOS included, on both sides). The model's config has no
     forced EOS at the limit, a rule qkv does not have. With other settings (qkv's default alpha 0.6, or
@@ -236,7 +236,7 @@ def test_beam_outputs_are_token_identical_where_the_search_rules_coincide(import
     model, hf_tok = hf
     theirs = hf_generate(model, hf_tok, sources, **BEAM)
     assert varied(theirs), theirs
-    config = DecodeConfig(beam_size=4, length_penalty=0.0, max_len_a=0, max_len_b=MAX_NEW)
+    config = DecodeConfig(beam_size=4, length_penalty=0.0, max_len_a=0, max_len_b=MAX_NEW, stop_early=True)
     assert qkv_tokens(imported, sources, config) == theirs
 
 
