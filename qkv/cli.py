@@ -221,9 +221,14 @@ def _decode_args(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     else:
         p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
     p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5)")
-    p.add_argument("--length-penalty", type=float, default=0.6, help="GNMT length penalty alpha (0 = none)")
+    p.add_argument("--length-penalty", type=float,
+                   help="GNMT length penalty alpha (0 = none; default: the one chosen on validation at the end of "
+                        "the checkpoint's training, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
     p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--stop-early", action="store_true",
+                   help="end a sentence's beam search at beam-size finished hypotheses, as CTranslate2 and fairseq do "
+                        "(default: search on while a live beam can still beat the best finished one)")
     p.add_argument("--batch-tokens", type=int, default=2048, help="padded source tokens per batch, whatever the beam (default 2048)")
 
 
@@ -266,9 +271,15 @@ def _decode_config(args: argparse.Namespace, n_best: int = 1):
     from qkv.decode import DecodeConfig
 
     sampling = {k: getattr(args, k) for k in ("sampling", "temperature", "top_k", "top_p", "seed") if hasattr(args, k)}
+    alpha = args.length_penalty
+    if alpha is None:  # the checkpoint's (an ensemble: the first's), else DecodeConfig's
+        from qkv import checkpoint
+
+        first = args.checkpoint[0] if isinstance(args.checkpoint, list) else args.checkpoint
+        alpha = checkpoint.decode_defaults(checkpoint.read_config(first)).get("length_penalty", DecodeConfig.length_penalty)
     return DecodeConfig(
-        beam_size=args.beam, length_penalty=args.length_penalty, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, n_best=n_best, **sampling,
+        beam_size=args.beam, length_penalty=alpha, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, n_best=n_best, stop_early=args.stop_early, **sampling,
     )
 
 
@@ -362,7 +373,7 @@ def evaluate(args: argparse.Namespace) -> int:
         with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {args.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
 
