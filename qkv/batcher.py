@@ -162,8 +162,10 @@ class Batcher:
         max_wait_ms: float,
         max_queue: int,
         max_queue_work: int,
+        length_penalty: float = DecodeConfig.length_penalty,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.length_penalty = length_penalty  # the checkpoint's choice (qkv.checkpoint.decode_defaults)
         self.max_batch_sentences, self.max_batch_tokens = max_batch_sentences, max_batch_tokens
         self.max_batch_work = max_batch_work
         self.max_wait = max_wait_ms / 1000
@@ -344,7 +346,7 @@ class Batcher:
 
     def _translate_group(self, search: Settings, jobs: list[Job]) -> list[bytes]:
         # One search for the whole group, with as many of the n best as any request asks for.
-        config = search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs))
+        config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty)
         translator = Translator(
             self.model, self.tokenizer, config,
             max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,

@@ -272,20 +272,6 @@ def _publish(tmp: Path, final: Path) -> None:
     _remove_ours(old)
 
 
-def publish_copy(source: Path, destination: Path) -> Path:
-    """Copy the verified checkpoint ``source`` to ``destination`` as atomically as ``save`` writes."""
-    verify(source)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(destination.parent):
-        tmp = _tmp(destination)
-        _remove_ours(tmp)
-        tmp.mkdir()
-        for name in _manifest(source):
-            shutil.copyfile(source / name, tmp / name)
-        _publish(tmp, destination)
-    return destination
-
-
 def save(
     directory: str | Path,
     model: Transformer,
@@ -379,6 +365,20 @@ def _scalar(value: Any) -> Any:
 
 def _to_tuple(value: Any) -> Any:
     return tuple(_to_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def decode_defaults(config: dict[str, Any]) -> dict[str, float]:
+    """The decoding settings a checkpoint's config.json recommends (``"decode"``: the length penalty
+    ``qkv train`` chose on validation), checked as a ``DecodeConfig`` would check them; {} when none."""
+    decode = config.get("decode") or {}
+    if not isinstance(decode, dict) or set(decode) - {"length_penalty"}:
+        raise CheckpointError(f"config.json's \"decode\" must be an object holding only length_penalty, got {decode!r}")
+    alpha = decode.get("length_penalty")
+    if alpha is None:
+        return {}
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 10:
+        raise CheckpointError(f"config.json's decode length_penalty must be a number in [0, 10], got {alpha!r}")
+    return {"length_penalty": float(alpha)}
 
 
 def read_config(directory: str | Path, *, verified: bool = False) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class TrainConfig:
     eval_every: int = 500  # steps between validations and checkpoints
     valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
     patience: int = 0  # stop after this many validations without a better BLEU; 0: never
+    tune_length_penalty: bool = True  # choose final/'s decoding length penalty on the validation set
     keep_last: int = 5  # step checkpoints kept on disk
     average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
     seed: int = 1

@@ -196,6 +196,7 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
         loaded.model, tokenizer, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
+        **checkpoint.decode_defaults(loaded.config),
     )
     TranslateRequest = request_model(
         max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src, vocab_size=tokenizer.vocab_size

@@ -42,6 +42,10 @@ from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer, load_tokenizer
 from qkv.translate import Translator
 
+# final/'s length penalty is chosen among these on the validation set, with this beam (qkv's default).
+LENGTH_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)
+TUNING_BEAM = 5
+
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on the others.
 FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed")
 
@@ -415,12 +419,32 @@ class Trainer:
         finally:
             self.model.load_state_dict(live)
         _, k, metrics, state = best
-        if k > 1:
-            checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs=self.configs(), state_dict=state)
-        else:
-            checkpoint.publish_copy(dirs[-1], self.run_dir / "final")
+        try:  # final/ holds the chosen weights and, in config.json, the length penalty chosen for them
+            self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
+            with self.stop.abandonable():
+                decode = self.tune_length_penalty() if self.train_cfg.tune_length_penalty else {}
+            checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs={**self.configs(), "decode": decode})
+        except Abandoned:
+            raise StopRequested(self.stop.signum or signal.SIGINT) from None
+        finally:
+            self.model.load_state_dict(live)
         self.log.write(event="final", step=self.step, averaged=[d.name for d in dirs[-k:]], tried_bleu=tried, **metrics)
         return metrics
+
+    @torch.no_grad()
+    def tune_length_penalty(self) -> dict[str, float]:
+        """The length penalty (GNMT's alpha) of the best validation BLEU with beam search, one of
+        ``LENGTH_PENALTIES``; a tie goes to the one nearer the usual 0.6. Saved in final/'s config.json
+        ("decode"), translate, evaluate, align, attend and serve use it unless told another."""
+        self.model.eval()
+        tok, tried = self.tokenizer, {}
+        for alpha in LENGTH_PENALTIES:
+            translator = Translator(self.model, tok, DecodeConfig(beam_size=TUNING_BEAM, length_penalty=alpha))
+            hyps = [tok.decode(h[0].tokens) for h in translator.translate_ids(self.valid_ids.src_ids)]
+            tried[alpha] = score(hyps, self.valid_data.tgt)["bleu"]
+        chosen = max(tried, key=lambda alpha: (tried[alpha], -abs(alpha - 0.6)))
+        self.log.write(event="length_penalty", step=self.step, beam=TUNING_BEAM, chosen=chosen, tried_bleu={str(a): b for a, b in tried.items()})
+        return {"length_penalty": chosen}
 
     def run(self, *, progress: bool = True) -> TrainResult:
         """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;

@@ -20,7 +20,7 @@ from qkv.config import ConfigError
 from qkv.rundir import step_dirs
 from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
-from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.train import LENGTH_PENALTIES, TRAIN_PRESETS, TrainConfig, Trainer, build_configs, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
 
@@ -178,6 +178,11 @@ def test_a_run_writes_its_checkpoints_log_and_averaged_final(uninterrupted):
     # (which one wins is test_final_is_the_best_validated_average_and_a_tie_goes_to_the_larger's)
     final_record = records[-1]
     assert set(final_record["tried_bleu"]) == {"2", "1"}
+    # the length penalty of final/ is the one of the best validation BLEU, in its config.json
+    tuning = next(r for r in records if r["event"] == "length_penalty")
+    assert [float(alpha) for alpha in tuning["tried_bleu"]] == list(LENGTH_PENALTIES)
+    assert tuning["tried_bleu"][str(tuning["chosen"])] == max(tuning["tried_bleu"].values())
+    assert checkpoint.read_config(run / "final")["decode"] == {"length_penalty": tuning["chosen"]}
     final = checkpoint.load(run / "final").model.state_dict()
     mean = checkpoint.average([run / name for name in final_record["averaged"]])
     for name, value in mean.items():
