@@ -244,16 +244,25 @@ class EncodedCorpus(NamedTuple):
     n_truncated: int
 
 
-def encode_corpus(tokenizer: Tokenizer, corpus: ParallelCorpus, max_len: int | None = None) -> EncodedCorpus:
+def encode_corpus(
+    tokenizer: Tokenizer, corpus: ParallelCorpus, max_len: int | None = None, *, dropout: float = 0.0, seed: int = 0
+) -> EncodedCorpus:
     """Encode both sides and cut each token list to at most ``max_len`` ids (None: no limit).
 
     ``collate`` adds one token per side (EOS to the source, BOS/EOS to the target), so to fit a model
-    with ``ModelConfig.max_len`` positions pass ``max_len = config.max_len - 1``.
+    with ``ModelConfig.max_len`` positions pass ``max_len = config.max_len - 1``. ``dropout`` > 0
+    draws each side's segmentation at random (``Tokenizer.sample_batch``, seeded by ``seed``).
     """
     if max_len is not None and max_len <= 0:
         raise DataError(f"max_len must be positive, got {max_len}")
-    src_ids = tokenizer.encode_batch(corpus.src)
-    tgt_ids = tokenizer.encode_target_batch(corpus.tgt)  # a Marian tokenizer segments targets with their own model
+    if dropout:
+        if not hasattr(tokenizer, "sample_batch"):
+            raise DataError("subword sampling needs a qkv tokenizer (one joint SentencePiece model), not a Marian one")
+        src_ids = tokenizer.sample_batch(corpus.src, dropout=dropout, seed=2 * seed)
+        tgt_ids = tokenizer.sample_batch(corpus.tgt, dropout=dropout, seed=2 * seed + 1)
+    else:
+        src_ids = tokenizer.encode_batch(corpus.src)
+        tgt_ids = tokenizer.encode_target_batch(corpus.tgt)  # a Marian tokenizer segments targets with their own model
     n_truncated = 0
     if max_len is not None:
         for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):

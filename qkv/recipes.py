@@ -32,6 +32,7 @@ class DataConfig:
     valid_tgt: str | None = None
     vocab_size: int = 8000  # joint source+target subword vocabulary
     max_len: int = 128  # subword tokens kept per side
+    subword_dropout: float = 0.0  # BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
     train_limit: int = 0  # use only the first N training pairs (0: all); for quick runs and CI
     valid_limit: int = 0
 
@@ -42,6 +43,8 @@ class DataConfig:
             raise ValueError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
         if self.vocab_size < 16:
             raise ValueError(f"vocab_size must be >= 16, got {self.vocab_size}")
+        if not 0 <= self.subword_dropout < 1:
+            raise ValueError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
 
 
 @dataclass(frozen=True)

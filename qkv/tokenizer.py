@@ -230,6 +230,13 @@ class Tokenizer:
         """``encode`` for many sentences at once (SentencePiece spreads them over threads)."""
         return self._sp.encode(list(texts))
 
+    def sample_batch(self, texts: list[str], *, dropout: float, seed: int) -> list[list[int]]:
+        """Segmentations drawn at random (BPE-dropout, Provilkov et al. 2020: each merge is skipped
+        with probability ``dropout``), the same for the same ``seed``; they decode to the same text.
+        Subword regularization for the training data: the model sees a word in many pieces."""
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(list(texts), enable_sampling=True, alpha=dropout, nbest_size=-1, num_threads=1)  # one thread: reproducible
+
     def encode_target(self, text: str) -> list[int]:
         """Subword ids of a target sentence: the same as ``encode``, the vocabulary being joint."""
         return self.encode(text)

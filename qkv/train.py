@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from qkv import checkpoint, distributed, speed
 from qkv.config import ModelConfig, config_from_dict
-from qkv.data import collate, encode_corpus, token_batches
+from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.decode import DecodeConfig
 from qkv.devices import resolve_device
 from qkv.evaluate import score
@@ -125,8 +125,9 @@ class Trainer:
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
             weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)
         )
-        max_len = min(data.max_len, self.model_config.max_len - 1)
-        self.train_ids = encode_corpus(tok, self.train_data, max_len)
+        self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
+        self.train_ids = encode_corpus(tok, self.train_data, max_len)  # with subword_dropout: epoch_ids
+        self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
         self.valid_ids = encode_corpus(tok, self.valid_data, max_len)
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
@@ -222,16 +223,29 @@ class Trainer:
         if directory.name == "last":
             self.saved_step = self.step
 
+    def epoch_ids(self, epoch: int) -> EncodedCorpus:
+        """The training pairs as the model sees them in ``epoch``: one segmentation for every epoch,
+        or with ``subword_dropout`` one drawn for this epoch (from the seed and the epoch alone, so a
+        resumed run draws it again)."""
+        dropout = self.data_cfg.subword_dropout
+        if not dropout:
+            return self.train_ids
+        if self._sampled is None or self._sampled[0] != epoch:
+            seed = self.train_cfg.seed * 1_000_003 + epoch
+            self._sampled = (epoch, encode_corpus(self.tokenizer, self.train_data, self.max_len, dropout=dropout, seed=seed))
+        return self._sampled[1]
+
     def batches(self, epoch: int) -> list[list[int]]:
-        src_len = [len(s) for s in self.train_ids.src_ids]
-        tgt_len = [len(t) for t in self.train_ids.tgt_ids]
+        ids = self.epoch_ids(epoch)
+        src_len = [len(s) for s in ids.src_ids]
+        tgt_len = [len(t) for t in ids.tgt_ids]
         return token_batches(src_len, tgt_len, self.train_cfg.max_tokens, seed=self.train_cfg.seed, epoch=epoch)
 
     def _collate(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        tok = self.tokenizer
+        tok, ids = self.tokenizer, self.epoch_ids(self.epoch)
         tensors = collate(
-            [self.train_ids.src_ids[i] for i in indices],
-            [self.train_ids.tgt_ids[i] for i in indices],
+            [ids.src_ids[i] for i in indices],
+            [ids.tgt_ids[i] for i in indices],
             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
         )
         return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]

@@ -257,6 +257,29 @@ def dates_configs(data: Path, **train):
     )  # fmt: skip
 
 
+def test_subword_dropout_draws_every_epochs_segmentation_afresh_and_resumes_exactly(tmp_path, dates_tsv):
+    model, train, data = dates_configs(dates_tsv, eval_every=1000, tune_length_penalty=False)
+    data = dataclasses.replace(data, subword_dropout=0.3)
+    probe = Trainer(tmp_path / "probe", model, train, data)
+    per_epoch = len(probe.batches(0))
+    fixed, first, second = probe.train_ids, probe.epoch_ids(0), probe.epoch_ids(1)
+    assert first.tgt_ids != second.tgt_ids and first.tgt_ids != fixed.tgt_ids  # drawn, and drawn again
+    assert sum(map(len, first.tgt_ids)) > sum(map(len, fixed.tgt_ids))  # skipped merges: more, smaller pieces
+    decode = probe.tokenizer.decode
+    assert [decode(ids) for ids in second.tgt_ids] == [decode(ids) for ids in fixed.tgt_ids]  # the same text
+    assert Trainer(tmp_path / "again", model, train, data).epoch_ids(1) == second  # from the seed and epoch alone
+
+    end = per_epoch + 3  # into the second epoch, interrupted there
+    whole = RecordingTrainer(tmp_path / "whole", model, dataclasses.replace(train, max_steps=end), data)
+    whole.run(progress=False)
+    part = RecordingTrainer(tmp_path / "run", model, dataclasses.replace(train, max_steps=per_epoch + 1), data)
+    part.run(progress=False)
+    resumed = RecordingTrainer.resume(tmp_path / "run", max_steps=end)
+    resumed.run(progress=False)
+    assert part.losses + resumed.losses == whole.losses
+    assert same_weights(resumed.model, whole.model)
+
+
 def test_final_is_the_best_validated_average_and_a_tie_goes_to_the_larger(monkeypatch, tmp_path, dates_tsv):
     run = tmp_path / "run"
     trainer = Trainer(run, *dates_configs(dates_tsv, max_steps=6, eval_every=2, keep_last=3, average_last=3))
