@@ -103,9 +103,12 @@ def train(args: argparse.Namespace) -> int:
     # Under torchrun, join the process group (gloo on CPU, NCCL on GPU); otherwise a single process.
     ctx = distributed.init_from_env()
     try:
-        return _train(args, ctx)
-    finally:
-        distributed.shutdown()
+        code = _train(args, ctx)
+    except BaseException:
+        distributed.shutdown(clean=False)
+        raise
+    distributed.shutdown()
+    return code
 
 
 def _train(args: argparse.Namespace, ctx) -> int:

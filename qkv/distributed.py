@@ -14,6 +14,7 @@ communication, and the step's batches are the same whatever mix of ranks and acc
 from __future__ import annotations
 
 import base64
+import gc
 import inspect
 import os
 from collections.abc import Mapping
@@ -84,9 +85,21 @@ def current() -> Context:
     return Context(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
 
 
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(*, clean: bool = True) -> None:
+    """Leave the process group.
+
+    After a clean finish (``clean``), first free what still holds the group (a DDP wrapper caught in a
+    reference cycle would otherwise be destroyed during interpreter shutdown, with the group's threads
+    still running) and wait for every rank: a rank that closes its connections while another still
+    uses them can abort that one ("terminate called without an active exception"). After an error
+    there is no waiting: the other ranks may never arrive.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if clean:
+        gc.collect()
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def step_share(

@@ -187,6 +187,7 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
     unchanged = all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
     results["overflow"] = {"loss": loss, "applied": applied, "unchanged": unchanged}
     Path(f"{out_dir}/rank{ctx.rank}.json").write_text(json.dumps(results))
+    del trainer
     distributed.shutdown()
 
 
