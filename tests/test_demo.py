@@ -11,7 +11,7 @@ from qkv import checkpoint
 from qkv.cli import main
 from qkv.demo import DEMO_TRAIN, run_demo
 from qkv.train import replace
-from qkv.visualize import AttentionCapture, token_alignment
+from qkv.visualize import AttentionCapture, attention_of, token_alignment
 
 # The full demo trains 1000 steps; 200 are enough to be far above chance (a random ISO date is
 # right with probability ~1e-5) in a CI-sized run.
@@ -28,6 +28,34 @@ def test_a_ci_sized_demo_learns_far_above_chance_and_draws_its_attention(tmp_pat
     pieces = [t for t, _, _ in result.alignment]
     assert "".join(pieces) == result.examples[0][1].replace("\u2581", "")
     assert all(0.0 <= w <= 1.0 for _, _, w in result.alignment)
+    # Read with the right answer as its translation, the month's digits look at the month's name,
+    # in four languages' formats (measured: also on the full demo model).
+    cases = {"Tuesday, 9th of May 2017": ("2017-05-09", "May"), "9 mai 2017": ("2017-05-09", "mai"),
+             "le 14 juillet 1989": ("1989-07-14", "juillet"), "3. Oktober 1990": ("1990-10-03", "Oktober")}
+    for sentence, (iso_date, month) in cases.items():
+        assert field_alignment(result.run_dir / "final", sentence, iso_date)[iso_date[5:7]] == month, sentence
+
+def field_alignment(model_dir, sentence: str, iso_date: str) -> dict[str, str]:
+    """For each field of ``iso_date`` (year, month, day), the source piece its digits attend to most
+    when the model reads that date as its translation of ``sentence``: the last layer's cross-attention,
+    heads averaged, the field's pieces together (as `qkv align` merges a word's pieces)."""
+    loaded = checkpoint.load(model_dir)
+    tok = loaded.tokenizer
+    capture = attention_of(loaded.model, tok, sentence, tok.encode(sentence), tok.encode_target(iso_date))
+    weights = capture.cross[-1].mean(dim=0)  # (H, T, S) -> (T, S)
+    owner, text = [], ""  # the piece index of every character of the translation
+    for t, piece in enumerate(capture.tgt_tokens[:-1]):  # EOS left out
+        chars = piece.replace("\u2581", "")
+        owner += [t] * len(chars)
+        text += chars
+    assert text == iso_date
+    fields, start = {}, 0
+    for field in iso_date.split("-"):
+        rows = sorted(set(owner[start : start + len(field)]))
+        best = int(weights[rows].mean(dim=0).argmax())
+        fields[field] = capture.src_tokens[best].replace("\u2581", "")
+        start += len(field) + 1
+    return fields
 
 
 def test_the_demo_command_reports_and_then_reuses_its_model(tmp_path, capsys, monkeypatch):
