@@ -4,7 +4,8 @@
     .venv/bin/python -m benchmarks.run --smoke --out /tmp/bench      # seconds: small sizes, few steps
 
 Sections: (a) attention, (b) training throughput (``--training preset`` for the multi30k preset's
-rows alone: today's path, each speed-up, all, torch.nn.Transformer), (c) translation (needs ``--checkpoint``; skipped
+rows alone: today's path, each speed-up, all, torch.nn.Transformer; ``--training vocab`` for its speed
+by vocabulary size), (c) translation (needs ``--checkpoint``; skipped
 with a printed reason otherwise), (d) scaling. ``--only a,c`` runs some of them. Speed targets are
 printed as ratios; nothing here asserts a timing. The machine is described in both outputs, with the
 load average before and after each section, so a busy machine shows in the results; the load is also
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import attention, preset_training, scaling, training, translation
+from benchmarks import attention, preset_training, scaling, training, translation, vocab_training
 from benchmarks.baselines import matmul_peak
 from benchmarks.probe import check_load, load
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SECTIONS = {"a": "attention", "b": "training", "c": "translation", "d": "scaling"}
 TRAINING_PARTS = ("preset", "base")  # (b): the multi30k preset's speed-ups; the paper's base size against the baselines
+# (b) also has "vocab", on request (--training vocab): the preset's speed by vocabulary size (about 3 minutes)
 
 
 def machine() -> dict:
@@ -75,6 +77,8 @@ def markdown(results: dict) -> str:
         else:
             if "preset" in section:
                 lines += [preset_training.markdown(section["preset"]), ""]
+            if "vocab" in section:
+                lines += [vocab_training.markdown(section["vocab"]), ""]
             if name != "training" or "rows" in section:  # (b) may hold its preset part alone
                 lines += [modules[name].markdown(section), ""]
     return "\n".join(lines)
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA), help="Multi30k directory")
     parser.add_argument("--smoke", action="store_true", help="small sizes and few steps: a check that everything runs")
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated sections to run (a,b,c,d)")
-    parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base")
+    parser.add_argument("--training", default=",".join(TRAINING_PARTS), help="parts of (b) to run: preset, base, vocab (default: preset,base)")
     parser.add_argument("--preset-rows", help="comma-separated rows of (b)'s preset part (default: all; today always runs)")
     parser.add_argument("--repeats", type=int, default=0,
                         help="timed repeats of each cell: (b) preset rows (default 3), (c) translation cells (default 5), "
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                 section["preset"] = preset_training.run(smoke=args.smoke, data_dir=args.data_dir, peak_flops=peak, log=log,
                                                         repeats=args.repeats,
                                                         rows=args.preset_rows.split(",") if args.preset_rows else None)
+            if "vocab" in parts:
+                section["vocab"] = vocab_training.run(smoke=args.smoke, data_dir=args.data_dir, peak_flops=peak, log=log,
+                                                      repeats=args.repeats)
             if "base" in parts:
                 section |= training.run(smoke=args.smoke, data_dir=args.data_dir,
                                         tokenizer_from=tokenizer if tokenizer and tokenizer.exists() else None,

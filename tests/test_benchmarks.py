@@ -81,3 +81,19 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
         assert all(lo <= m <= hi for lo, m, hi in zip(series["min_ms"], series["median_ms"], series["max_ms"]))
     assert (out / d["plot"]).stat().st_size > 0
     assert "| position | with KV cache (ms) | without cache (ms) |" in markdown and "### (d) Scaling" in markdown
+
+
+def test_smoke_run_of_training_speed_by_vocabulary_size(multi30k, tmp_path):
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "b", "--training", "vocab", "--threads", "1",
+               "--data-dir", str(multi30k), "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    section = json.loads((out / "results.json").read_text())["sections"]["training"]["vocab"]
+    rows = section["rows"]
+    assert [r["vocab_size"] for r in rows] == [300, 600] and section["pairs"] == 100 and section["repeats"] == 2
+    # the same pairs: the smaller vocabulary cuts them into more pieces, and has fewer parameters
+    assert rows[0]["target_tokens"] > rows[1]["target_tokens"] and rows[0]["parameters"] < rows[1]["parameters"]
+    for r in rows:
+        assert r["sentences_per_s_min"] <= r["sentences_per_s"] <= r["sentences_per_s_max"] and r["steps"] >= 1
+    assert "| vocabulary | parameters | updates for the pairs |" in (out / "results.md").read_text()
