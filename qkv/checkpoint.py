@@ -281,11 +281,13 @@ def save(
     trainer: dict[str, Any] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
+    trainer_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a checkpoint directory. ``configs`` (e.g. train/data configs as dicts) go into config.json.
 
     With ``trainer`` (a JSON-able dict) and ``optimizer``, also the state needed to resume, including
-    every random generator's state. ``state_dict`` saves other weights than the model's (averaging);
+    every random generator's state; ``trainer_tensors``, more tensors of the training state (the
+    weights' EMA), which ``load_trainer`` returns as "tensors". ``state_dict`` saves other weights than the model's (averaging);
     it must hold every weight of the model (a tied weight under one of its names).
     An existing ``directory`` is replaced only if it is a qkv checkpoint; if writing fails (a full
     disk), ``NAME.tmp/`` is removed and the previous checkpoint is untouched.
@@ -299,7 +301,7 @@ def save(
         _remove_ours(tmp)  # left by a crash: no other process is writing it (we hold the lock)
         tmp.mkdir()
         try:
-            _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict)
+            _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors)
             _publish(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -307,7 +309,7 @@ def save(
     return directory
 
 
-def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state_dict) -> None:
+def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors) -> None:
     if state_dict is None:
         save_model(model, str(tmp / WEIGHTS))
     else:
@@ -326,6 +328,8 @@ def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state
                 for name, value in state.items():
                     tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).contiguous().cpu()
             trainer = {**trainer, "optimizer_param_groups": opt["param_groups"]}
+        for name, value in (trainer_tensors or {}).items():
+            tensors[f"state.{name}"] = value.contiguous().cpu()
         np_state = np.random.get_state()
         rng = {
             "python": _to_json(random.getstate()),
@@ -470,7 +474,8 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
 
 
 def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
-    """Restore the optimizer and every RNG from a checkpoint; return trainer.json (step, epoch, ...)."""
+    """Restore the optimizer and every RNG from a checkpoint; return trainer.json (step, epoch, ...),
+    with the checkpoint's ``trainer_tensors`` under "tensors"."""
     directory = resolve(directory)
     verify(directory)
     json_path, tensor_path = directory / TRAINER_JSON, directory / TRAINER_TENSORS
@@ -491,6 +496,7 @@ def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None 
     random.setstate(_to_tuple(trainer["rng"]["python"]))
     kind, keys, *rest = trainer["rng"]["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    trainer["tensors"] = {key.removeprefix("state."): value for key, value in tensors.items() if key.startswith("state.")}
     return trainer
 
 

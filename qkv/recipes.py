@@ -73,6 +73,7 @@ class TrainConfig:
     tune_length_penalty: bool = True  # choose final/'s decoding length penalty on the validation set
     keep_last: int = 5  # step checkpoints kept on disk
     average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
+    ema: float = 0.0  # decay of an exponential moving average of the weights, a candidate for final/; 0: none
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: PyTorch's default
     on_nan: Literal["skip", "stop"] = "skip"
@@ -97,6 +98,8 @@ class TrainConfig:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if self.adam not in ("fused", "foreach", "for"):
             raise ValueError(f"adam must be fused, foreach or for, got {self.adam!r}")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"ema must be in [0, 1) (0: no EMA), got {self.ema}")
         if self.measure_steps < 0:
             raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
         if self.time_budget and self.cooldown == 1:

@@ -33,6 +33,7 @@ from qkv.config import ModelConfig, config_from_dict
 from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.decode import DecodeConfig
 from qkv.devices import resolve_device
+from qkv.ema import WeightEMA
 from qkv.evaluate import score
 from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
@@ -108,6 +109,7 @@ class Trainer:
         self.init_from = None if init_from is None else str(init_from.path)
         if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
             checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
+        self.ema = WeightEMA(self.model, train.ema) if train.ema else None  # from the initial weights
         if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
             speed.use_fast_dropout(self.model)
         self.train_model: torch.nn.Module = self.model
@@ -173,6 +175,10 @@ class Trainer:
         for group in trainer.optimizer.param_groups:  # the saved groups name the kernel they ran with
             group.update(speed.adam_kernel(train.adam))
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
+        if trainer.ema is not None:  # the saved average, or (EMA asked for only now) one from the saved weights
+            trainer.ema = WeightEMA(trainer.model, train.ema)
+            if state["tensors"]:
+                trainer.ema.load_state_dict(state["tensors"])
         trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
         trainer.saved_step = trainer.step
         if train.time_budget == saved.time_budget:  # a new budget is measured and planned afresh
@@ -211,6 +217,7 @@ class Trainer:
                 configs=self.configs(),
                 trainer=trainer_state if resumable else None,
                 optimizer=self.optimizer if resumable else None,
+                trainer_tensors=self.ema.state_dict() if resumable and self.ema is not None else None,
             )
         except OSError as error:  # a full disk, most often: the checkpoints already there are whole
             message = (
@@ -333,6 +340,8 @@ class Trainer:
             self._skip_step("gradient norm", norm.item(), n_tokens)
             return loss.item(), n_tokens, False
         self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update(self.step + 1)
         return loss.item(), n_tokens, True
 
     def _skip_step(self, what: str, value: float, n_tokens: int) -> tuple[float, int, bool]:
@@ -399,7 +408,8 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """Write final/: of the averages of the newest k step checkpoints, k = average_last down to 1
-        (the newest alone), the one with the best validation BLEU; a tie goes to the larger average.
+        (the newest alone), and the EMA of the weights when the run keeps one (``ema``), the one with
+        the best validation BLEU; a tie goes to the larger average, and the EMA must beat them all.
 
         Averaging smooths the noise of the last updates (the paper averages the last 5 or 20
         checkpoints), but in a short run the older checkpoints come from a stretch where the model was
@@ -428,13 +438,21 @@ class Trainer:
                 tried[str(k)] = metrics["bleu"]
                 if best is None or metrics["bleu"] > best[0]:
                     best = (metrics["bleu"], k, metrics, state)
+            if self.ema is not None:  # k = 0 stands for the EMA: final/ only if it beats every average
+                state = self.ema.weights()
+                self.model.load_state_dict(state, strict=False)
+                with self.stop.abandonable():
+                    metrics = self.validate()
+                tried["ema"] = metrics["bleu"]
+                if metrics["bleu"] > best[0]:
+                    best = (metrics["bleu"], 0, metrics, state)
         except Abandoned:
             raise StopRequested(self.stop.signum or signal.SIGINT) from None
         finally:
             self.model.load_state_dict(live)
         _, k, metrics, state = best
         try:  # final/ holds the chosen weights and, in config.json, the length penalty chosen for them
-            self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
+            self.model.load_state_dict(state if state is not None else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
             with self.stop.abandonable():
                 decode = self.tune_length_penalty() if self.train_cfg.tune_length_penalty else {}
             checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs={**self.configs(), "decode": decode})
@@ -442,7 +460,8 @@ class Trainer:
             raise StopRequested(self.stop.signum or signal.SIGINT) from None
         finally:
             self.model.load_state_dict(live)
-        self.log.write(event="final", step=self.step, averaged=[d.name for d in dirs[-k:]], tried_bleu=tried, **metrics)
+        averaged = [d.name for d in dirs[-k:]] if k else []
+        self.log.write(event="final", step=self.step, averaged=averaged, ema=k == 0, tried_bleu=tried, **metrics)
         return metrics
 
     @torch.no_grad()

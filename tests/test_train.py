@@ -334,7 +334,8 @@ def test_step_checkpoints_sort_by_number_past_a_million(tmp_path, dates_tsv):
 def test_a_time_budget_becomes_a_step_count_and_the_run_resumes_to_exactly_those_steps(tmp_path, dates_tsv):
     """A budgeted run times its first measure_steps updates, then plans a step count once (logged, and
     saved in last/); interrupted after that and resumed, it ends bitwise equal to --max-steps N."""
-    budget = {"time_budget": 1.0, "measure_steps": 5, "cooldown": 0.5, "eval_every": 1000}
+    # No step cap (the tiny preset's is 100): on a fast machine 1 s plans more than 100 steps.
+    budget = {"time_budget": 1.0, "max_steps": 0, "measure_steps": 5, "cooldown": 0.5, "eval_every": 1000}
     first = RecordingTrainer(tmp_path / "budget", *dates_configs(dates_tsv, **budget))
     first.interrupt_at_step = 8  # after the plan; the plan is at least 9 steps: ceil(4 / (1 - 0.5)) + 1
     with pytest.raises(StopRequested):
