@@ -148,7 +148,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
         if ignored:
             raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
         if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
-            _check_resume_agrees(args.resume, *build_configs(args.preset or "multi30k", model=parse_overrides(args.model), train={}, data=data))
+            model = parse_overrides(args.model)
+            configs = build_configs(args.preset or "multi30k", model=model, train={}, data=data)
+            given = None if args.preset else {"model": set(model), "data": set(data)}  # a preset sets every key
+            _check_resume_agrees(args.resume, configs[0], configs[2], given=given)
         trainer = Trainer.resume(args.resume, device=device, tensorboard=args.tensorboard, **train_overrides)
     else:
         file = read_config_file(args.config) if args.config else {}
@@ -195,9 +198,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
     return 0
 
 
-def _check_resume_agrees(run: str, model, _train, data) -> None:
+def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | None = None) -> None:
     """Model and data flags given with --resume must describe the run as it was started: they cannot
-    change it (its weights and its position in the data depend on them), and are never ignored silently."""
+    change it (its weights and its position in the data depend on them), and are never ignored silently.
+    ``given``: the keys the flags set, per section; None when a preset was named, which sets them all."""
     from dataclasses import asdict
 
     from qkv import checkpoint
@@ -208,7 +212,7 @@ def _check_resume_agrees(run: str, model, _train, data) -> None:
         f"{key} ({saved[section].get(key)!r} -> {value!r})"
         for section, config in (("model", model), ("data", data))
         for key, value in asdict(config).items()
-        if key not in FROM_TOKENIZER and saved[section].get(key) != value
+        if key not in FROM_TOKENIZER and saved[section].get(key) != value and (given is None or key in given[section])
     ]
     if changes:
         raise ValueError(
@@ -217,7 +221,11 @@ def _check_resume_agrees(run: str, model, _train, data) -> None:
         )
 
 
-def _decode_args(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
+def _decode_args(
+    p: argparse.ArgumentParser, *, ensemble: bool = False,
+    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)",
+) -> None:
+    """The search's flags; ``batch_tokens``: the help of --batch-tokens, or None for a command without batches."""
     if ensemble:
         p.add_argument("--checkpoint", required=True, action="append",
                        help="checkpoint directory (or a run directory: uses its final/); give it again to translate with an ensemble")
@@ -232,7 +240,8 @@ def _decode_args(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     p.add_argument("--stop-early", action="store_true",
                    help="end a sentence's beam search at beam-size finished hypotheses, as CTranslate2 and fairseq do "
                         "(default: search on while a live beam can still beat the best finished one)")
-    p.add_argument("--batch-tokens", type=int, default=2048, help="padded source tokens per batch, whatever the beam (default 2048)")
+    if batch_tokens:
+        p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
 
 
 def _device_arg(p: argparse.ArgumentParser) -> None:

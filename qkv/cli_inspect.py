@@ -84,7 +84,9 @@ def score_command(args: argparse.Namespace) -> int:
 
 
 def _align_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p)
+    _decode_args(p, batch_tokens="padded tokens per batch of the alignment pass, each pair counting the longer of its "
+                                 "source and target (default 2048); without -r, the translations are batched as "
+                                 "qkv translate's default")
     p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
     p.add_argument("--reference", "-r", help="target sentences to align with (default: the model's own translations)")
     p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
@@ -125,7 +127,7 @@ def align_command(args: argparse.Namespace) -> int:
 
 
 def _attend_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p)
+    _decode_args(p, batch_tokens=None)  # one sentence: no batches
     _device_arg(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")
     p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")

@@ -166,11 +166,20 @@ class RunLog:
 
 def open_tensorboard(directory: str | Path):
     """A TensorBoard ``SummaryWriter`` for ``--tensorboard DIR`` (the optional tensorboard package)."""
+    return _summary_writer()(str(directory))
+
+
+def check_tensorboard() -> None:
+    """Refuse ``--tensorboard`` without the package, before a run deletes or writes anything."""
+    _summary_writer()
+
+
+def _summary_writer():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise ValueError("--tensorboard needs the tensorboard package: pip install 'qkv[tensorboard]'") from None
-    return SummaryWriter(str(directory))
+    return SummaryWriter
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:

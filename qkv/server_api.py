@@ -29,8 +29,8 @@ class AttentionOut(BaseModel):
 class Candidate(BaseModel):
     translation: str
     score: float = Field(
-        description="length-normalised log-probability: log p(output | text) / ((5 + tokens) / 6) ** 0.6, "
-        "EOS included, as `qkv translate --n-best` prints it (higher is better)"
+        description="length-normalised log-probability: log p(output | text) / ((5 + tokens) / 6) ** alpha, "
+        "EOS included, alpha the checkpoint's length penalty, as `qkv translate --n-best` prints it (higher is better)"
     )
 
 

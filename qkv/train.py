@@ -38,7 +38,7 @@ from qkv.evaluate import score
 from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
-from qkv.rundir import RunLog, clear_run, plot_curves, step_dirs
+from qkv.rundir import RunLog, check_tensorboard, clear_run, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer, load_tokenizer
 from qkv.translate import Translator
@@ -86,6 +86,8 @@ class Trainer:
         if train.tune_allocator:  # process-wide, from here on (qkv.speed)
             speed.tune_allocator()
         self.train_data, self.valid_data = load_corpora(data)
+        if tensorboard and self.dist.is_main:
+            check_tensorboard()  # before --overwrite deletes the old run
         self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main, tensorboard=tensorboard)

@@ -478,6 +478,17 @@ def test_resume_with_a_setting_it_cannot_change_is_one_line(small_run, tmp_path)
     assert "--resume cannot change dropout (0.0 -> 0.3)" in message and message.endswith("and the data flags")
 
 
+def test_resume_without_a_preset_checks_only_the_keys_the_flags_set(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)  # a tiny-preset run: without --preset, the multi30k preset says nothing about it
+    message = one_line_error(qkv("train", "--resume", run, "--model", "dropout=0.3"), "train")
+    assert message.endswith("--resume cannot change dropout (0.0 -> 0.3): the run keeps the model and data it started "
+                            "with; leave out --preset, --model and the data flags")  # fmt: skip
+    result = qkv("train", "--resume", run, "--model", "dropout=0.0", "--train-src", dates_tsv, "--max-steps", "5", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "stopped after 5 steps" in result.stdout
+
+
 # ---- hostile and broken input --------------------------------------------------------------------
 
 

@@ -52,3 +52,28 @@ def test_tensorboard_is_refused_clearly_without_the_package(tmp_path, monkeypatc
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     with pytest.raises(ValueError, match=r"pip install 'qkv\[tensorboard\]'"):
         open_tensorboard(tmp_path / "board")
+
+
+@needs_multi30k
+def test_overwrite_with_tensorboard_but_no_package_keeps_the_old_run(tmp_path, monkeypatch):
+    import builtins
+
+    from qkv.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.jsonl").write_text('{"event": "start", "step": 0}\n')  # an earlier run, stopped before a checkpoint
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    status = main(["train", "--preset", "tiny", "--data-dir", str(MULTI30K), "--out", str(run), "--overwrite",
+                   "--tensorboard", str(tmp_path / "board"), "--no-progress", "--max-steps", "1",
+                   "--data", "train_limit=50", "valid_limit=5"])  # fmt: skip
+    assert status == 2
+    assert (run / "log.jsonl").read_text() == '{"event": "start", "step": 0}\n'
+    assert [p.name for p in run.iterdir()] == ["log.jsonl"]
