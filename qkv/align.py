@@ -4,7 +4,8 @@ For each line pair the target (a given reference, or the model's own translation
 decoder in one teacher-forced pass, and the chosen layer's cross-attention (one head, or the mean of
 the heads) aligns each target word with the source word it attends to most (``align_words``:
 subword pieces merged into words). Pharaoh pairs are "source-target" word indices, 0-based, in
-whitespace-separated words of the detokenized text.
+whitespace-separated words of the detokenized text; with ``pieces=True`` they are indices of the
+SentencePiece pieces instead (EOS left out), each target piece aligned on its own.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from qkv.visualize import align_words
 def align(
     model: Transformer, tokenizer: Tokenizer, sources: list[str], targets: list[str] | None = None, *,
     layer: int = -1, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
+    pieces: bool = False,
 ) -> list[list[tuple[int, int]]]:
     """Pharaoh pairs (source word, target word) for each line, in input order.
 
     ``targets`` None: align each source with the model's own translation (searched with ``config``).
     ``layer``: a Python index over the decoder layers (-1: the last); ``head``: one head, 0-based, or
-    None for the mean over heads. An empty source or target gives no pairs.
+    None for the mean over heads. ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the
+    encoded source and target, EOS left out) instead of words. An empty source or target gives no pairs.
     """
     model.eval()
     translator = Translator(model, tokenizer, config or DecodeConfig())
@@ -63,7 +66,11 @@ def align(
             src_pieces = tokenizer.pieces([*src_ids[i], tokenizer.eos_id])
             tgt_pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
             w = cross[row, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
-            results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
+            if pieces:  # each target piece with the source piece it attends to most, EOS on neither side
+                best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
+                results[i] = [(s, t) for t, s in enumerate(best)]
+            else:
+                results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
     return results
 
 

@@ -92,6 +92,8 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
     p.add_argument("--layer", type=int, default=-1, help="decoder layer whose cross-attention aligns, 1-based (default: the last)")
     p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads)")
+    p.add_argument("--pieces", action="store_true", help="align subword pieces (indices of the SentencePiece pieces, "
+                                                        "EOS left out) instead of whitespace words")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
 
 
@@ -119,7 +121,7 @@ def align_command(args: argparse.Namespace) -> int:
     alignments = align(
         loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
         head=None if args.head is None else args.head - 1, config=_decode_config(args),
-        max_tokens=args.batch_tokens,
+        max_tokens=args.batch_tokens, pieces=args.pieces,
     )
     with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)

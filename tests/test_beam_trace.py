@@ -73,4 +73,6 @@ def test_trace_through_the_command_line(tiny_run, tmp_path):
     ok = subprocess.run([*qkv, "translate", "--checkpoint", str(tiny_run), "-i", str(src), "--trace", str(tmp_path / "u")],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and len(ok.stdout.splitlines()) == 2
-    assert json.loads((tmp_path / "u.json").read_text())["source"] == "A dog runs in the park."
+    traced = json.loads((tmp_path / "u.json").read_text())
+    assert traced["source"] == "A dog runs in the park."
+    assert traced["translation"] == ok.stdout.splitlines()[0]  # the beam drawn is the search translate ran

@@ -4,6 +4,8 @@ draws and reuses its model; token alignment reads the cross-attention it claims 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import torch
 
@@ -34,6 +36,22 @@ def test_a_ci_sized_demo_learns_far_above_chance_and_draws_its_attention(tmp_pat
              "le 14 juillet 1989": ("1989-07-14", "juillet"), "3. Oktober 1990": ("1990-10-03", "Oktober")}
     for sentence, (iso_date, month) in cases.items():
         assert field_alignment(result.run_dir / "final", sentence, iso_date)[iso_date[5:7]] == month, sentence
+    # The same through `qkv align --pieces`: each of the month's digits aligns with the month's name.
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(s + "\n" for s in cases), encoding="utf-8")
+    ref.write_text("".join(iso + "\n" for iso, _ in cases.values()), encoding="utf-8")
+    aligned = subprocess.run([sys.executable, "-m", "qkv", "align", "--checkpoint", str(result.run_dir / "final"),
+                              "-i", str(src), "-r", str(ref), "--pieces"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert aligned.returncode == 0, aligned.stderr
+    tok = checkpoint.load(result.run_dir / "final").tokenizer
+    lines = aligned.stdout.splitlines()
+    assert len(lines) == len(cases)
+    for line, (sentence, (iso_date, month)) in zip(lines, cases.items()):
+        src_pieces, tgt_pieces = tok.pieces(tok.encode(sentence)), tok.pieces(tok.encode_target(iso_date))
+        pairs = dict((t, s) for s, t in (map(int, pair.split("-")) for pair in line.split()))
+        assert sorted(pairs) == list(range(len(tgt_pieces)))  # every target piece once, EOS left out
+        digits = [t for t, piece in enumerate(tgt_pieces) if piece.isdigit()][4:6]  # after the year's four
+        assert [src_pieces[pairs[t]] for t in digits] == ["\u2581" + month] * 2, (sentence, line)
 
 def field_alignment(model_dir, sentence: str, iso_date: str) -> dict[str, str]:
     """For each field of ``iso_date`` (year, month, day), the source piece its digits attend to most

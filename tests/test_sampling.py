@@ -93,5 +93,8 @@ def test_translate_sampling_through_the_command_line(tmp_path):
     out = first.stdout.split("\n")
     assert len(out) == 4 and out[0] == out[2]  # the same sentence, the same sample, wherever it stands
     assert run("--sampling", "--temperature", "2", "--seed", "7", text="a man rides\n").stdout.split("\n")[0] == out[0]
+    greedy = run("--beam", "1", text=lines)
+    assert greedy.returncode == 0 and greedy.stdout.count("\n") == 3
+    assert run("--sampling", "--temperature", "1e-4", "--seed", "3", text=lines).stdout == greedy.stdout  # temperature -> 0
     refused = run("--sampling", "--beam", "3", text=lines)
     assert refused.returncode == 2 and "beam_size must be 1" in refused.stderr
