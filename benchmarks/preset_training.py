@@ -13,7 +13,9 @@ The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer w
 ``tune_allocator`` (``qkv.speed``; off means glibc's own steady state, restored by
 ``qkv.speed.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
 ``adam`` ("for": PyTorch's per-tensor loop); ``fast_dropout`` (``qkv.speed.FastDropout``) is off by
-default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own.
+default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own, as
+has ``bf16`` (the fused loss's products in bfloat16: not the same numbers either; on a CPU without
+native bfloat16 its rows run in float32, and the table says so).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from qkv import speed
 from qkv.data import collate
 from qkv.train import Trainer, build_configs
 
-OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False}
-NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False}
+OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False}
+NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False}
 ROWS = [  # (key, label, flags)
     ("today", "today's path (every speed-up off)", OLD),
     ("allocator", "+ glibc kept from returning memory (tune_allocator)", {**OLD, "tune_allocator": True}),
@@ -45,6 +47,8 @@ ROWS = [  # (key, label, flags)
     ("fast_dropout", "+ dropout masks from 64-bit draws (fast_dropout, opt-in: other random draws)", {**OLD, "fast_dropout": True}),
     ("all", "the exact speed-ups together (the default)", NEW),
     ("all_fast_dropout", "the default + fast_dropout", {**NEW, "fast_dropout": True}),
+    ("bf16", "the default + the output layer and loss in bf16 (--bf16, opt-in: rounds the logits)", {**NEW, "bf16": True}),
+    ("all_opt_in", "the default + fast_dropout + bf16 (every opt-in speed-up)", {**NEW, "fast_dropout": True, "bf16": True}),
     ("torch_transformer", "torch.nn.Transformer loop (pre-LN, same batches, tuned allocator, fused Adam)", None),
 ]
 
@@ -92,6 +96,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     """Put ``trainer`` back at its initial weights with a fresh Adam and the speed-ups in ``flags``."""
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
+    trainer.loss_bf16 = cfg.bf16 and cfg.fused_loss and speed.cpu_has_bf16()
     for module in list(trainer.model.modules()):  # nn.Dropout or speed.FastDropout, as the flag says
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout):
@@ -179,6 +184,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
     return {"model": {k: getattr(config, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")},
             "parameters": trainer.model.num_parameters(), "batches": len(timed_batches),
             "sentences": sentences, "target_tokens": tokens, "repeats": repeats, "threads": torch.get_num_threads(),
+            "bf16_native": speed.cpu_has_bf16(),
             "peak_gflops": peak_flops / 1e9, "rows": table}
 
 
@@ -203,6 +209,8 @@ def markdown(section: dict) -> str:
             f"{r['faults_per_step']:.0f} | {100 * r['system_share']:.1f}% | {r['peak_rss_mb']:.0f} | "
             f"{r['sentences_per_s'] / by['today']['sentences_per_s']:.2f}x |"
         )
+    if not section.get("bf16_native", True):
+        lines += ["", "This CPU has no native bfloat16 matmuls (AVX-512 BF16 or AMX): the bf16 rows ran in float32."]
     highest = max(r["max_load"] for r in rows)
     if busy(highest, section["threads"]):
         lines += ["", f"**Warning**: the 1-minute load average reached {highest:.2f} during the rows (more than the "

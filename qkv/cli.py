@@ -87,7 +87,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", metavar="DIR", help="also write losses, learning rate, throughput and validation scores as TensorBoard scalars to DIR (needs the tensorboard package)")
     p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process uses its rank's device")
     p.add_argument("--accumulate", type=int, metavar="K", help="sum K batches per optimizer step, per process")
-    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast on a GPU (ignored on the CPU)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16: autocast on a GPU; on a CPU with AVX-512 BF16 or AMX, the output layer and loss (else float32, with a warning)")
 
 
 def _train_presets() -> list[str]:
@@ -179,6 +179,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
         where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
+        where += ", bf16 autocast" if trainer.autocast else ", output layer and loss in bf16" if trainer.loss_bf16 else ""
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)

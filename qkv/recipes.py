@@ -53,7 +53,7 @@ class TrainConfig:
 
     max_tokens: int = 4096  # padded tokens per batch, of its longer side (per process, per micro-batch)
     accumulate: int = 1  # micro-batches summed into each optimizer step, per process
-    bf16: bool = False  # bfloat16 autocast on a GPU; ignored (with a warning) on the CPU
+    bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
     cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0

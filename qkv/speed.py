@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +63,18 @@ def untune_allocator() -> bool:
     if applied:
         _glibc().malloc_trim(ctypes.c_size_t(0))
     return applied
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX, read from
+    /proc/cpuinfo's flags on Linux). Elsewhere PyTorch still computes in bfloat16, by emulation and
+    slower than float32, so qkv uses it only where this says True."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
 
 
 def adam_kernel(kind: str) -> dict[str, bool]:
