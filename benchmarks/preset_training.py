@@ -49,6 +49,7 @@ ROWS = [  # (key, label, flags)
     ("all_fast_dropout", "the default + fast_dropout", {**NEW, "fast_dropout": True}),
     ("bf16", "the default + the output layer and loss in bf16 (--bf16, opt-in: rounds the logits)", {**NEW, "bf16": True}),
     ("all_opt_in", "the default + fast_dropout + bf16 (every opt-in speed-up)", {**NEW, "fast_dropout": True, "bf16": True}),
+    ("autocast", "the default under whole-step bf16 autocast (not offered on the CPU: plain loss)", {**NEW, "fused_loss": False, "autocast": True}),
     ("torch_transformer", "torch.nn.Transformer loop (pre-LN, same batches, tuned allocator, fused Adam)", None),
 ]
 
@@ -94,6 +95,8 @@ def _allocator(tuned: bool) -> None:
 
 def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     """Put ``trainer`` back at its initial weights with a fresh Adam and the speed-ups in ``flags``."""
+    flags = dict(flags)
+    trainer.autocast = flags.pop("autocast", False)  # whole-step torch.autocast, as on a GPU
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
     trainer.loss_bf16 = cfg.bf16 and cfg.fused_loss and speed.cpu_has_bf16()
