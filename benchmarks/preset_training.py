@@ -35,7 +35,7 @@ from benchmarks.baselines import TorchTransformer, forward_flops
 from benchmarks.probe import busy, load as load_average
 from qkv import speed
 from qkv.data import collate
-from qkv.train import Trainer, build_configs
+from qkv.train import Trainer, build_configs, cpu_bf16_loss
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False}
 NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False}
@@ -99,7 +99,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     trainer.autocast = flags.pop("autocast", False)  # whole-step torch.autocast, as on a GPU
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
-    trainer.loss_bf16 = cfg.bf16 and cfg.fused_loss and speed.cpu_has_bf16()
+    trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
     for module in list(trainer.model.modules()):  # nn.Dropout or speed.FastDropout, as the flag says
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout):

@@ -179,7 +179,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
         where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
-        where += ", bf16 autocast" if trainer.autocast else ", output layer and loss in bf16" if trainer.loss_bf16 else ""
+        where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16", None: ""}[trainer.bf16_mode]
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)

@@ -72,7 +72,8 @@ class _ProjectedLoss(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         grad_weight = torch.zeros_like(weight) if need_grad else None
         grad_bias = torch.zeros_like(bias) if need_grad and bias is not None else None
-        w_sum = weight.sum(0)  # (D,)
+        if smoothing:  # sum(z) over the vocabulary is h . w_sum + b_sum
+            w_sum, b_sum = weight.sum(0), (bias.sum() if bias is not None else 0)  # (D,), ()
         h_mm, w_mm = (hidden, weight) if low is None else (hidden.to(low), weight.to(low))  # the products' operands
         for start in range(0, N, chunk):
             h, t = hidden[start : start + chunk], target[start : start + chunk]  # (n, D), (n,)
@@ -84,7 +85,7 @@ class _ProjectedLoss(torch.autograd.Function):
                     z += bias
             rows = -on_target * z.gather(1, t[:, None]).squeeze(1)  # (n,)
             if smoothing:
-                rows -= uniform * (h @ w_sum + (bias.sum() if bias is not None else 0))  # e/V sum(z)
+                rows -= uniform * (h @ w_sum + b_sum)  # e/V sum(z)
             m = z.amax(dim=1, keepdim=True)  # (n, 1)
             E = z.sub_(m).exp_()  # exp(z - m), in place of the logits: (n, V)
             total = E.sum(dim=1, keepdim=True)  # (n, 1)

@@ -59,6 +59,12 @@ class TrainResult:
     final: dict[str, Any]  # validation scores of final/
 
 
+def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
+    """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
+    bfloat16 natively, with the fused loss on (a GPU uses autocast instead)."""
+    return train.bf16 and device.type == "cpu" and train.fused_loss and speed.cpu_has_bf16()
+
+
 class Trainer:
     """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash.
 
@@ -125,7 +131,7 @@ class Trainer:
         # products (the output layer, 4x faster there; whole-step autocast is slower on the CPU).
         self.autocast = train.bf16 and self.device.type == "cuda"
         self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
-        self.loss_bf16 = train.bf16 and self.device.type == "cpu" and self.fused_loss and speed.cpu_has_bf16()
+        self.loss_bf16 = cpu_bf16_loss(train, self.device)
         if train.bf16 and not (self.autocast or self.loss_bf16) and self.dist.is_main:
             why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
             warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32", stacklevel=2)
@@ -486,6 +492,12 @@ class Trainer:
         self.log.write(event="length_penalty", step=self.step, beam=TUNING_BEAM, chosen=chosen, tried_bleu={str(a): b for a, b in tried.items()})
         return {"length_penalty": chosen}
 
+    @property
+    def bf16_mode(self) -> str | None:
+        """Where training computes in bfloat16: "autocast" (a GPU), "output layer" (the CPU's fused
+        loss), or None (float32 throughout)."""
+        return "autocast" if self.autocast else "output layer" if self.loss_bf16 else None
+
     def run(self, *, progress: bool = True) -> TrainResult:
         """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;
         then write final/. A signal (SIGINT, SIGTERM, SIGHUP) ends it with StopRequested once last/
@@ -495,7 +507,7 @@ class Trainer:
             event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_data),
             valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
-            world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16="autocast" if self.autocast else "output layer" if self.loss_bf16 else False,
+            world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.bf16_mode or False,
             **({"init_from": self.init_from} if self.init_from else {}),
         )
         bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
