@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"
 SECTIONS = {"a": "attention", "b": "training", "c": "translation", "d": "scaling"}
 TRAINING_PARTS = ("preset", "base")  # (b): the multi30k preset's speed-ups; the paper's base size against the baselines
-# (b) also has "vocab", on request (--training vocab): the preset's speed by vocabulary size (about 3 minutes)
+# (b) also has "vocab", on request (--training vocab): the preset's speed by vocabulary size
 
 
 def machine() -> dict:
