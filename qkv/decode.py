@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.config import config_from_dict
@@ -97,13 +96,17 @@ def beam_candidates(scores: Tensor, log_probs: Tensor, k: int, block: int = 128)
         total = (scores[:, :, None] + log_probs).view(B, K * V)  # (B, K*V)
         top, flat = total.topk(k, dim=-1)
         return top, flat // V, flat % V
-    padded = F.pad(log_probs, (0, n_blocks * block - V), value=float("-inf"))  # (B, K, n*block)
-    maxima = padded.view(B, K, n_blocks, block).amax(dim=-1) + scores[:, :, None]  # (B, K, n)
+    full = V // block * block  # the last block may be shorter: its maximum is taken apart (no padded copy)
+    maxima = log_probs[..., :full].unflatten(-1, (V // block, block)).amax(dim=-1)  # (B, K, V // block)
+    if full < V:
+        maxima = torch.cat([maxima, log_probs[..., full:].amax(dim=-1, keepdim=True)], dim=-1)  # (B, K, n)
+    maxima = maxima + scores[:, :, None]
     best = maxima.view(B, K * n_blocks).topk(k, dim=-1).indices  # (B, k) the blocks to search
     beam, first = best // n_blocks, (best % n_blocks) * block  # (B, k)
     tokens = first[:, :, None] + torch.arange(block, device=log_probs.device)  # (B, k, block)
     rows = torch.arange(B, device=log_probs.device)[:, None, None]
-    total = padded[rows, beam[:, :, None], tokens] + scores.gather(1, beam)[:, :, None]  # (B, k, block)
+    total = log_probs[rows, beam[:, :, None], tokens.clamp(max=V - 1)].masked_fill(tokens >= V, float("-inf"))
+    total = total + scores.gather(1, beam)[:, :, None]  # (B, k, block)
     top, flat = total.view(B, k * block).topk(k, dim=-1)  # (B, k)
     return top, beam.gather(1, flat // block), tokens.view(B, k * block).gather(1, flat)
 

@@ -331,3 +331,22 @@ def test_a_decoder_that_starts_from_pad_never_outputs_pad():
 
     assert suppressed_tokens(SimpleNamespace(bos_id=0, pad_id=0)) == (0,)  # Marian: <pad> starts the decoder
     assert suppressed_tokens(SimpleNamespace(bos_id=2, pad_id=0)) == ()  # qkv's own tokenizer
+
+
+@pytest.mark.parametrize("V", [1000, 1024, 8000, 130])
+def test_beam_candidates_by_blocks_equal_one_topk_over_every_candidate(V):
+    """The blockwise search (a vocabulary of many blocks, the last one short or not) finds the same
+    candidates as one topk over all K * V sums, including beams whose slot is unused (-inf)."""
+    generator = torch.Generator().manual_seed(V)
+    B, K, k = 6, 5, 10
+    log_probs = torch.randn(B, K, V, generator=generator).log_softmax(dim=-1)
+    scores = -torch.rand(B, K, generator=generator) * 5
+    scores[1, 3:] = NEG_INF
+    scores[2, 1:] = NEG_INF
+    log_probs[3, :, -1] = 0.0  # the best token is the last one, in the short block
+    top, beam, token = beam_candidates(scores, log_probs, k, block=128)
+    expected, flat = (scores[:, :, None] + log_probs).view(B, K * V).topk(k, dim=-1)
+    torch.testing.assert_close(top, expected, rtol=0, atol=0)
+    assert beam.tolist() == (flat // V).tolist()
+    assert token.tolist() == (flat % V).tolist()
+    assert token[3, 0] == V - 1  # found in the last block (short unless V is a multiple of 128)
