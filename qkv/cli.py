@@ -245,6 +245,12 @@ def _decode_args(
         p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
 
 
+def _workers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1,
+                   help="search batches side by side in N processes of one thread each (CPU only; faster for small "
+                        "models, the translations of one process with one thread; default 1)")
+
+
 def _device_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N")
 
@@ -300,6 +306,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p, ensemble=True)
     _int8_arg(p)
     _device_arg(p)
+    _workers_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
@@ -328,7 +335,8 @@ def translate(args: argparse.Namespace) -> int:
     for path in trace_paths(args.trace):
         check_output(path, force=args.force, inputs=(args.input,))
     model, tokenizer = _decoding_model(args)
-    translator = Translator(model, tokenizer, _decode_config(args, args.n_best), max_tokens=args.batch_tokens)
+    translator = Translator(model, tokenizer, _decode_config(args, args.n_best), max_tokens=args.batch_tokens,
+                            workers=args.workers)
     if args.trace:
         with open(args.input, "rb") as handle:
             first = next(input_lines(handle, args.input), "")
@@ -341,6 +349,7 @@ def translate(args: argparse.Namespace) -> int:
             source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,)))
+        stack.enter_context(translator)  # its workers end before the output file is put in place
         translate_stream(translator, source, sink, name=name, n_best=args.n_best)
     return 0
 
@@ -349,6 +358,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     _decode_args(p, ensemble=True)
     _int8_arg(p)
     _device_arg(p)
+    _workers_arg(p)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
@@ -378,15 +388,16 @@ def evaluate(args: argparse.Namespace) -> int:
         data = checkpoint.read_config(args.checkpoint[0]).get("data", {})
         src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
         corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
-    translator = Translator(model, tokenizer, _decode_config(args), max_tokens=args.batch_tokens)
     started = time.perf_counter()
-    hypotheses = translator.translate(corpus.src)
+    with Translator(model, tokenizer, _decode_config(args), max_tokens=args.batch_tokens, workers=args.workers) as translator:
+        hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}, {seconds:.1f}s")
+    workers = f", {args.workers} workers" if args.workers > 1 else ""
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
 

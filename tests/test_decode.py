@@ -4,6 +4,9 @@ penalties, n-best lists, and batch invariance (a sentence translates the same al
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -303,6 +306,62 @@ def test_translator_batches_hold_max_tokens_source_tokens_whatever_the_beam(trai
     Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=beam_size), max_tokens=60).translate(SENTENCES * 3)
     assert all(b * s <= 60 for b, s in shapes) and sum(b for b, _ in shapes) == 15  # the 15 non-empty sentences
     assert max(b * s for b, s in shapes) > 60 // 2  # the budget is used, not divided by the beam
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_decoding_workers_give_the_translations_of_one_process(trained, beam_size):
+    """Two forked workers of one thread each search the batches side by side: the translations and
+    scores of one process with one thread, in the input order, whichever worker finished first;
+    they end with the Translator."""
+    config = DecodeConfig(beam_size=beam_size, n_best=2 if beam_size > 1 else 1)
+    texts = SENTENCES * 3
+
+    def plain(nbest):  # greedy search gives no scores (NaN, which equals nothing)
+        return [[(t.text, t.tokens, repr(t.score)) for t in n] for n in nbest]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's thread count: the sums then round alike, bit for bit
+    try:
+        one = plain(Translator(trained.model, trained.tokenizer, config, max_tokens=40).translate_nbest(texts))
+    finally:
+        torch.set_num_threads(threads)
+    with Translator(trained.model, trained.tokenizer, config, max_tokens=40, workers=2) as translator:
+        two = plain(translator.translate_nbest(texts))
+        assert translator._pool is not None and translator._pool.threads == max(1, threads // 2)
+        processes = list(translator._pool._pool._processes.values())
+        assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        assert plain(translator.translate_nbest(texts)) == two  # the same workers serve every later call
+    assert translator._pool is None and not any(p.is_alive() for p in processes)
+    assert two == one
+
+
+def test_workers_through_the_command_line(tiny_run, tmp_path):
+    """``qkv translate --workers 2`` writes what one process with one thread writes, line for line,
+    and ``qkv evaluate --workers 2`` scores the same; a bad count is a one-line error."""
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(SENTENCES * 4) + "\n")
+    qkv = [sys.executable, "-m", "qkv"]
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}
+    common = ["--checkpoint", str(tiny_run), "--beam", "3", "--batch-tokens", "40"]
+    one = subprocess.run([*qkv, "translate", *common, "-i", str(src)], capture_output=True, text=True, env=one_thread)
+    two = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "2"], capture_output=True, text=True)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    assert len(two.stdout.splitlines()) == len(SENTENCES) * 4 and two.stdout == one.stdout
+    scored = [subprocess.run([*qkv, "evaluate", *common, "--src-file", str(src), "--ref-file", str(src), *extra],
+                             capture_output=True, text=True, env=env) for extra, env in (([], one_thread), (["--workers", "2"], None))]
+    assert all(r.returncode == 0 for r in scored), scored[1].stderr
+    assert "2 workers" in scored[1].stdout and scored[0].stdout.splitlines()[1] == scored[1].stdout.splitlines()[1]
+    bad = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "workers must be >= 1" in bad.stderr and bad.stdout == ""
+
+
+def test_decoding_workers_are_for_the_cpu_and_at_least_one(trained):
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        Translator(trained.model, trained.tokenizer, workers=0)
+    elsewhere = Transformer(trained.model.config).to("meta")  # a model not on the CPU (a GPU's case, here without one)
+    with pytest.raises(ValueError, match="decoding workers are for the CPU; the model is on meta"):
+        Translator(elsewhere, trained.tokenizer, workers=2)
+    assert Translator(elsewhere, trained.tokenizer).workers == 1  # one process is fine anywhere
 
 
 def test_translator_n_best_lists(trained):

@@ -1,0 +1,60 @@
+"""Decoding workers: batches searched side by side in processes of one thread each.
+
+A model of transformer-tiny's size decodes with many small operations (a beam step at d_model 128 is
+a few hundred kernels of microseconds each), so two threads inside one process spend much of each
+step waiting for each other. Two processes with one thread each, every one searching whole batches,
+keep both cores busy: CTranslate2's ``inter_threads`` layout. The workers are forked from the process
+that holds the model, so they share its weights copy-on-write and load nothing; a batch travels to a
+worker as lists of token ids and comes back as hypotheses.
+
+Forking a process that has already run PyTorch is safe here because a worker never uses the parent's
+thread pool: it sets its own thread count before its first operation (as PyTorch's DataLoader workers
+do). The workers live as long as the ``DecodingWorkers`` (a ``Translator`` closes them with itself).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import torch
+
+_task: Callable[..., Any] | None = None  # in a worker: the function every batch is handed to
+
+
+def _start_worker(task: Callable[..., Any], threads: int) -> None:
+    global _task
+    torch.set_num_threads(threads)
+    _task = task
+
+
+def _run(args: tuple) -> Any:
+    return _task(*args)
+
+
+class DecodingWorkers:
+    """``workers`` forked processes, each running ``task(*args)`` for the argument tuples it is given,
+    with ``threads`` PyTorch threads each (default: this process's threads shared out, at least one).
+
+    ``task`` and what it holds (the model) reach the workers by the fork, never pickled; the argument
+    tuples and results are pickled, so they should be plain data (lists of ids, hypotheses).
+    """
+
+    def __init__(self, task: Callable[..., Any], workers: int, threads: int | None = None) -> None:
+        if workers < 2:
+            raise ValueError(f"decoding workers are for 2 or more processes, got {workers}")
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ValueError("decoding workers need the fork start method (Linux or macOS); use one worker")
+        self.workers = workers
+        self.threads = threads or max(1, torch.get_num_threads() // workers)
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                         initializer=_start_worker, initargs=(task, self.threads))
+
+    def map(self, tasks: Iterable[tuple]) -> Iterator[Any]:
+        """Results in the order of ``tasks``; each task goes to the next free worker."""
+        return self._pool.map(_run, tasks)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
