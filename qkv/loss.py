@@ -17,6 +17,13 @@ def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 
+def constant_lr(step: int, *, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak`` at ``warmup`` steps, then ``peak`` held (with a cool-down at the end
+    of the run: "warm-up, stable, decay")."""
+    step = max(step, 1)
+    return peak if warmup == 0 else peak * min(1.0, step / warmup)
+
+
 def cooldown_factor(progress: float | None, cooldown: float) -> float:
     """1 until the last ``cooldown`` fraction of the run, then falling linearly to 0 at its end.
 

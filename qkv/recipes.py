@@ -56,6 +56,7 @@ class TrainConfig:
     bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
+    decay: str = "inverse_sqrt"  # after warm-up: "inverse_sqrt" (the paper's 1/sqrt(step)) or "none" (the peak held)
     cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0
     beta1: float = 0.9
     beta2: float = 0.98  # the paper's
@@ -94,6 +95,8 @@ class TrainConfig:
             raise ValueError("need 1 <= average_last <= keep_last")
         if self.accumulate < 1:
             raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
+        if self.decay not in ("inverse_sqrt", "none"):
+            raise ValueError(f"decay must be inverse_sqrt or none, got {self.decay!r}")
         if not 0 <= self.cooldown <= 1:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if self.adam not in ("fused", "foreach", "for"):

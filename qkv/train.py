@@ -35,7 +35,7 @@ from qkv.decode import DecodeConfig
 from qkv.devices import resolve_device
 from qkv.ema import WeightEMA
 from qkv.evaluate import score
-from qkv.loss import cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
+from qkv.loss import constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
 from qkv.rundir import RunLog, check_tensorboard, clear_run, plot_curves, step_dirs
@@ -315,7 +315,8 @@ class Trainer:
         inputs = [self._collate(indices) for indices in batches]
         local_tokens = sum(int((tgt_out != tok.pad_id).sum()) for _, _, tgt_out in inputs)
         n_tokens = int(distributed.all_reduce_sum(torch.tensor([local_tokens]), ctx).item())
-        lr = inverse_sqrt_lr(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps) * cooldown_factor(self.progress(), cfg.cooldown)
+        schedule = inverse_sqrt_lr if cfg.decay == "inverse_sqrt" else constant_lr
+        lr = schedule(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps) * cooldown_factor(self.progress(), cfg.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.train_model.train()
@@ -599,6 +600,6 @@ class Trainer:
 
 
 __all__ = [
-    "DataConfig", "Preset", "TrainConfig", "Trainer", "TRAIN_PRESETS", "build_configs", "cooldown_factor",
+    "DataConfig", "Preset", "TrainConfig", "Trainer", "TRAIN_PRESETS", "build_configs", "constant_lr", "cooldown_factor",
     "inverse_sqrt_lr", "label_smoothed_loss", "replace",
 ]  # fmt: skip

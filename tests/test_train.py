@@ -20,7 +20,7 @@ from qkv.config import ConfigError
 from qkv.rundir import step_dirs
 from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
-from qkv.train import LENGTH_PENALTIES, TRAIN_PRESETS, TrainConfig, Trainer, build_configs, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.train import LENGTH_PENALTIES, TRAIN_PRESETS, TrainConfig, Trainer, build_configs, constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
 
@@ -203,6 +203,19 @@ def test_cooldown_brings_the_learning_rate_down_over_the_last_steps(tmp_path):
     # step s starts at progress (s - 1) / 8: flat through step 5, then 3/4, 1/2, 1/4 of the schedule
     factors = [1, 1, 1, 1, 1, 0.75, 0.5, 0.25]
     assert trainer.lrs == pytest.approx([w * f for w, f in zip(warm, factors)], rel=1e-12)
+
+
+@needs_multi30k
+def test_decay_none_holds_the_peak_after_warm_up_until_the_cooldown(tmp_path):
+    model, train, data = tiny_configs(8)
+    train = dataclasses.replace(train, decay="none", warmup_steps=2, lr=1e-3, cooldown=0.5, eval_every=8)
+    trainer = RecordingTrainer(tmp_path / "run", model, train, data)
+    trainer.run(progress=False)
+    # warm-up over 2 steps, the peak held (not 1/sqrt(step)), then the cool-down's 3/4, 1/2, 1/4
+    assert trainer.lrs == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4], rel=1e-12)
+    assert constant_lr(1000, peak=1e-3, warmup=0) == 1e-3
+    with pytest.raises(ValueError, match="decay must be inverse_sqrt or none"):
+        TrainConfig(decay="cosine")
 
 
 @needs_multi30k
