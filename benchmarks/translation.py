@@ -12,12 +12,15 @@ algorithm as qkv); Hugging Face normalises by ``length ** 0.6``, its only choice
 the same number of threads (torch's; CTranslate2 ``intra_threads``), one batch at a time.
 
 **Own settings.** Each engine as a user would run it for throughput:
-- qkv: ``Translator`` with its defaults (its own length-sorted batches, per-sentence limits, and a
-  sentence searched until no live beam can beat its best finished hypothesis).
+- qkv: ``Translator`` (its own length-sorted batches, per-sentence limits, and a sentence searched
+  until no live beam can beat its best finished hypothesis), with whichever ``max_tokens`` in
+  ``BUDGETS`` and layout (one process x the threads, or one decoding worker per thread:
+  ``workers``, ``qkv translate --workers``) was fastest on every 4th sentence, chosen per cell in
+  this run, as CTranslate2's are.
 - Hugging Face: batches of 64 sentences sharing a length limit (``generate`` takes one).
 - CTranslate2: one ``translate_batch`` call over all sentences with ``batch_type="tokens"`` (batches
   by source tokens, so long sentences do not make large batches), its own length normalisation and
-  the longest limit, and whichever ``max_batch_size`` in ``CT2_BUDGETS`` and thread layout (1 worker
+  the longest limit, and whichever ``max_batch_size`` in ``BUDGETS`` and thread layout (1 worker
   x the threads, or one worker per thread: ``inter_threads``, CTranslate2's throughput setting, runs
   several batches at once) was fastest on every 4th sentence, chosen per cell in this run. The
   threads in all never exceed qkv's.
@@ -53,7 +56,7 @@ from qkv.translate import Translator
 
 SAME_BATCH = 64  # sentences per batch in the same-batches table (CTranslate2's and Hugging Face's usual 64)
 HF_BATCH = 64
-CT2_BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for CTranslate2's own settings
+BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for qkv's and CTranslate2's own settings
 UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
 ENGINES = (("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"))
 TARGETS = (  # issue 21: (name, goal, numerator, denominator), each an (engine, compute, beam)
@@ -109,6 +112,7 @@ class _Engines:
                  ct2_cache: dict, qkv_computes: tuple[str, ...] = ("float32",)) -> None:
         self.model, self.tok, self.src_ids, self.config, self.hf = model, tok, src_ids, config, hf
         self.ct2_dir, self.threads, self._ct2 = ct2_dir, threads, ct2_cache  # CTranslate2 translators, shared by beams
+        self.translators: list[Translator] = []  # qkv's, closed by close()
         self.limits = [max_output_length(model, len(ids) + 1, config) for ids in src_ids]
         self.qkv_model = {"float32": model}
         if "int8" in qkv_computes:
@@ -143,12 +147,16 @@ class _Engines:
                                                   max_len=self.model.config.max_len, max_batch_size=len(batch))
         return lambda batches: {i: out for batch in batches for i, out in zip(batch, one(batch))}
 
-    def own(self, engine: str, compute: str, ct2_choice: tuple[int, int, int] | None = None):
+    def own(self, engine: str, compute: str, choice: tuple[int, int, int] | None = None):
+        """``choice``: (source tokens per batch, processes, threads each) for qkv and CTranslate2."""
         if engine == "qkv":
-            default = Translator(self.qkv_model[compute], self.tok, self.config)
+            budget, workers, threads = choice
+            torch.set_num_threads(threads if workers == 1 else self.threads)  # a worker sets its own
+            translator = Translator(self.qkv_model[compute], self.tok, self.config, max_tokens=budget, workers=workers)
+            self.translators.append(translator)
 
             def run(indices):
-                hyps = default.translate_ids([self.src_ids[i] for i in indices])
+                hyps = translator.translate_ids([self.src_ids[i] for i in indices])
                 return {i: h[0].tokens for i, h in zip(indices, hyps)}
         elif engine == "huggingface":
             def run(indices):
@@ -162,7 +170,7 @@ class _Engines:
                         out.update(zip(chunk, _hf_generate(self.hf, self.tok, [self.src_ids[i] for i in chunk], self.config, limit)))
                 return out
         else:
-            budget, inter, intra = ct2_choice
+            budget, inter, intra = choice
             ct2 = self.ct2(compute, inter, intra)
 
             def run(indices):
@@ -171,20 +179,28 @@ class _Engines:
                                                      limit=limit, budget=budget)))
         return run
 
-    def choose_ct2(self, compute: str, sample: list[int], budgets: tuple[int, ...]) -> tuple[tuple[int, int, int], list[dict]]:
-        """The fastest (budget, inter_threads, intra_threads) of CTranslate2's own settings on ``sample``."""
+    def choose(self, engine: str, compute: str, sample: list[int], budgets: tuple[int, ...]) -> tuple[tuple[int, int, int], list[dict]]:
+        """The fastest (budget, processes, threads each) of qkv's or CTranslate2's own settings on ``sample``
+        (CTranslate2's processes are its ``inter_threads``, qkv's its decoding ``workers``)."""
         layouts = [(1, self.threads)] + ([(self.threads, 1)] if self.threads > 1 else [])
         trials = []
         for inter, intra in layouts:
             for budget in budgets:
-                run = self.own("ctranslate2", compute, (budget, inter, intra))
+                run = self.own(engine, compute, (budget, inter, intra))
                 run(sample)  # warm-up
                 start = time.perf_counter()
                 run(sample)
                 trials.append({"budget": budget, "inter_threads": inter, "intra_threads": intra,
                                "seconds": round(time.perf_counter() - start, 4)})
+                self.close()
         best = min(trials, key=lambda t: t["seconds"])
         return (best["budget"], best["inter_threads"], best["intra_threads"]), trials
+
+    def close(self) -> None:
+        """End the decoding workers of every qkv Translator made so far."""
+        for translator in self.translators:
+            translator.close()
+        self.translators.clear()
 
 
 def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0) -> dict:
@@ -195,7 +211,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
     corpus = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir)
     n = 24 if smoke else len(corpus.src)
     sources, references = corpus.src[:n], corpus.tgt[:n]
-    batch_size, budgets = (8, (1024,)) if smoke else (SAME_BATCH, CT2_BUDGETS)
+    batch_size, budgets = (8, (1024,)) if smoke else (SAME_BATCH, BUDGETS)
     missing, ct2_dir, compute_types = {}, None, []
     try:
         hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id)
@@ -232,7 +248,8 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                     cell = pool.submit(_cell, checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets,
                                        threads, repeats, ct2_dir).result()
                 if cell["choice"] is not None:
-                    choices.append({"beam": beam, "compute": compute, "chosen": cell["choice"], "trials": cell["trials"]})
+                    choices.append({"engine": engine, "beam": beam, "compute": compute, "chosen": cell["choice"],
+                                    "trials": cell["trials"]})
                 outputs = cell["outputs"]
                 qkv_out = outputs if (engine, compute) == ("qkv", "float32") else qkv_out
                 row = _row(table, engine, compute, beam, cell["settings"], cell["seconds"], load_1min, threads, n, outputs,
@@ -245,7 +262,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         shutil.rmtree(ct2_dir, ignore_errors=True)
     return {"checkpoint": str(loaded.path), "hf_model": type(hf).__name__ if hf is not None else None, "sentences": n,
             "repeats": repeats, "threads": threads, "same_batch_sentences": batch_size, "same_batches": len(batches),
-            "ct2_compute_types": compute_types, "ct2_choices": choices, "missing": missing, "rows": rows,
+            "ct2_compute_types": compute_types, "own_choices": choices, "missing": missing, "rows": rows,
             "targets": targets(rows),
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
 
@@ -269,22 +286,23 @@ def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, eng
         warm, timed = batches[::8], batches
     else:
         everything = list(range(n))
-        if engine == "ctranslate2":
-            choice, trials = runners.choose_ct2(compute, everything[::4], budgets)
+        if engine in ("qkv", "ctranslate2"):
+            choice, trials = runners.choose(engine, compute, everything[::4], budgets)
         fn, settings = runners.own(engine, compute, choice), _own_settings(engine, choice)
         warm, timed = everything[::8], everything
     fn(warm)
     seconds, out = repeat_timed(lambda: fn(timed), repeats)
+    runners.close()
     return {"seconds": seconds, "outputs": [out[i] for i in range(n)], "settings": settings, "choice": choice, "trials": trials}
 
 
-def _own_settings(engine: str, ct2_choice) -> str:
-    if engine == "qkv":
-        defaults = inspect.signature(Translator).parameters
-        return f"Translator defaults (max_tokens {defaults['max_tokens'].default}, max_sentences {defaults['max_sentences'].default})"
+def _own_settings(engine: str, choice) -> str:
     if engine == "huggingface":
         return f"batches of <= {HF_BATCH} sentences sharing a length limit"
-    budget, inter, intra = ct2_choice
+    budget, inter, intra = choice
+    if engine == "qkv":
+        max_sentences = inspect.signature(Translator).parameters["max_sentences"].default
+        return f"Translator, {budget} tokens per batch (max_sentences {max_sentences}), {inter} x {intra} threads (workers x threads)"
     return f"translate_batch, {budget} tokens per batch, {inter} x {intra} threads (inter x intra)"
 
 
@@ -338,8 +356,8 @@ def markdown(section: dict) -> str:
         *_table(section, "same", settings=False),
         "",
         "**Own settings**: each engine batching its own way (CTranslate2: `translate_batch` with `batch_type=\"tokens\"`, "
-        "its own `length ** 0.6` normalisation and one length limit, the budget and thread layout fastest on every 4th "
-        "sentence in this run).",
+        "its own `length ** 0.6` normalisation and one length limit; qkv: `Translator`, `qkv translate --batch-tokens B "
+        "--workers N`; for both, the budget and the layout of processes and threads fastest on every 4th sentence in this run).",
         "",
         *_table(section, "own", settings=True),
         "",

@@ -58,9 +58,10 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
         assert isinstance(r["load"], float) and isinstance(r["busy"], bool) and 0 <= r["bleu"] <= 100
         if (r["engine"], r["compute"]) == ("qkv", "float32"):
             assert r["identical_to_qkv"] == 1.0
-        if r["engine"] == "ctranslate2" and r["table"] == "own":
+        if r["engine"] in ("qkv", "ctranslate2") and r["table"] == "own":
             assert "tokens per batch" in r["settings"]
-    assert {(x["beam"], x["compute"]) for x in c["ct2_choices"]} == {(b, p) for b in (1, 5) for p in ("float32", "int8")}
+    chosen = {(x["engine"], x["beam"], x["compute"]) for x in c["own_choices"]}
+    assert chosen == {(e, b, p) for e in ("qkv", "ctranslate2") for b in (1, 5) for p in ("float32", "int8")}
     targets = {t["target"]: t for t in c["targets"]}
     assert list(targets) == ["beam 5: qkv fp32 / CTranslate2 fp32", "beam 5: qkv int8 / CTranslate2 int8",
                              "greedy: qkv fp32 / CTranslate2 fp32", "beam 5: qkv fp32 / Hugging Face generate"]
@@ -97,3 +98,12 @@ def test_smoke_run_of_training_speed_by_vocabulary_size(multi30k, tmp_path):
     for r in rows:
         assert r["sentences_per_s_min"] <= r["sentences_per_s"] <= r["sentences_per_s_max"] and r["steps"] >= 1
     assert "| vocabulary | parameters | updates for the pairs |" in (out / "results.md").read_text()
+
+
+def test_shape_cost_times_every_shape_on_the_same_batches(multi30k):
+    from benchmarks.shape_cost import measure
+
+    seconds = measure({"preset": {}, "ff512": {"d_ff": 512}}, data_dir=str(multi30k), bf16=False, batches=2, repeats=2,
+                      smoke=True)
+    assert list(seconds) == ["preset", "ff512"]
+    assert all(len(s) == 2 and all(x > 0 for x in s) for s in seconds.values())
