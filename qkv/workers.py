@@ -9,12 +9,16 @@ worker as lists of token ids and comes back as hypotheses.
 
 Forking a process that has already run PyTorch is safe here because a worker never uses the parent's
 thread pool: it sets its own thread count before its first operation (as PyTorch's DataLoader workers
-do). The workers live as long as the ``DecodingWorkers`` (a ``Translator`` closes them with itself).
+do). The workers live as long as the ``DecodingWorkers`` (a ``Translator`` closes them with itself),
+and end on their own within a second when the process that made them is killed.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -24,10 +28,19 @@ import torch
 _task: Callable[..., Any] | None = None  # in a worker: the function every batch is handed to
 
 
-def _start_worker(task: Callable[..., Any], threads: int) -> None:
+def _start_worker(task: Callable[..., Any], threads: int, parent: int) -> None:
     global _task
     torch.set_num_threads(threads)
     _task = task
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    """End this worker when the process that made it is gone (killed, say): the workers hold each
+    other's ends of the task pipe, so they would otherwise wait for tasks forever."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _run(args: tuple) -> Any:
@@ -50,7 +63,7 @@ class DecodingWorkers:
         self.workers = workers
         self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_start_worker, initargs=(task, self.threads))
+                                         initializer=_start_worker, initargs=(task, self.threads, os.getpid()))
 
     def map(self, tasks: Iterable[tuple]) -> Iterator[Any]:
         """Results in the order of ``tasks``; each task goes to the next free worker."""

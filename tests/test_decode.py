@@ -7,6 +7,8 @@ import math
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -353,6 +355,48 @@ def test_workers_through_the_command_line(tiny_run, tmp_path):
     assert "2 workers" in scored[1].stdout and scored[0].stdout.splitlines()[1] == scored[1].stdout.splitlines()[1]
     bad = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "workers must be >= 1" in bad.stderr and bad.stdout == ""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_decoding_workers_end_when_the_command_is_killed(tiny_run, tmp_path):
+    """A killed ``qkv translate --workers 2`` leaves no process behind, and no output file."""
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(SENTENCES * 400) + "\n")
+    command = [sys.executable, "-m", "qkv", "translate", "--checkpoint", str(tiny_run), "--beam", "3", "--batch-tokens", "40",
+               "--workers", "2", "-i", str(src), "-o", str(tmp_path / "out.de")]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+        workers = _children(process.pid)
+        time.sleep(0.05)
+    assert len(workers) == 2 and process.poll() is None
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_running, workers))
+    assert not (tmp_path / "out.de").exists()
 
 
 def test_decoding_workers_are_for_the_cpu_and_at_least_one(trained):
