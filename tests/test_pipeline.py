@@ -25,7 +25,8 @@ from qkv.translate import Translator
 def qkv(*args: str | Path, input: str | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m qkv ARGS`` as a user would, capturing its output."""
     return subprocess.run(
-        [sys.executable, "-m", "qkv", *map(str, args)], input=input, capture_output=True, text=True, timeout=120
+        # a guard against a hang, not a timing: a shared machine can take minutes for the tiny training
+        [sys.executable, "-m", "qkv", *map(str, args)], input=input, capture_output=True, text=True, timeout=600
     )
 
 
