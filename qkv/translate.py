@@ -137,16 +137,15 @@ class Translator:
         todo = [i for i, ids in enumerate(src_ids) if ids]
         batches = length_batches([len(src_ids[i]) for i in todo], max_tokens=self.max_tokens, max_sentences=self.max_sentences)
         batches = [[todo[j] for j in batch] for batch in batches]
-        tasks = [([src_ids[i] for i in batch],) for batch in batches]
         if self.workers > 1 and len(batches) > 1:
             if self._pool is None:
                 self._pool = DecodingWorkers(self._search_batch, self.workers)
             # The costliest batches first, so that no worker is left with a long one at the end.
-            order = sorted(range(len(batches)), key=lambda b: -len(batches[b]) * max(map(len, tasks[b][0])))
-            searched = zip((batches[b] for b in order), self._pool.map(tasks[b] for b in order))
+            batches.sort(key=lambda batch: -len(batch) * max(len(src_ids[i]) for i in batch))
+            found = self._pool.map([src_ids[i] for i in batch] for batch in batches)
         else:
-            searched = ((batch, self._search_batch(*task)) for batch, task in zip(batches, tasks))
-        for batch, hyps in searched:
+            found = (self._search_batch([src_ids[i] for i in batch]) for batch in batches)
+        for batch, hyps in zip(batches, found):
             for i, h in zip(batch, hyps):
                 results[i] = h
         return results

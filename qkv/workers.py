@@ -1,9 +1,8 @@
 """Decoding workers: batches searched side by side in processes of one thread each.
 
-A model of transformer-tiny's size decodes with many small operations (a beam step at d_model 128 is
-a few hundred kernels of microseconds each), so two threads inside one process spend much of each
-step waiting for each other. Two processes with one thread each, every one searching whole batches,
-keep both cores busy: CTranslate2's ``inter_threads`` layout. The workers are forked from the process
+A model of transformer-tiny's size decodes with many small operations, which two threads of one
+process share poorly: on two cores, two processes of one thread each, every one searching whole
+batches (CTranslate2's ``inter_threads`` layout), were 1.26x to 1.27x faster (README, benchmark (c)). The workers are forked from the process
 that holds the model, so they share its weights copy-on-write and load nothing; a batch travels to a
 worker as lists of token ids and comes back as hypotheses.
 
@@ -43,16 +42,16 @@ def _end_with(parent: int) -> None:
     os._exit(1)
 
 
-def _run(args: tuple) -> Any:
-    return _task(*args)
+def _run(item: Any) -> Any:
+    return _task(item)
 
 
 class DecodingWorkers:
-    """``workers`` forked processes, each running ``task(*args)`` for the argument tuples it is given,
-    with ``threads`` PyTorch threads each (default: this process's threads shared out, at least one).
+    """``workers`` forked processes, each running ``task(item)`` for the items it is given, with
+    ``threads`` PyTorch threads each (default: this process's threads shared out, at least one).
 
-    ``task`` and what it holds (the model) reach the workers by the fork, never pickled; the argument
-    tuples and results are pickled, so they should be plain data (lists of ids, hypotheses).
+    ``task`` and what it holds (the model) reach the workers by the fork, never pickled; the items
+    and results are pickled, so they should be plain data (lists of ids, hypotheses).
     """
 
     def __init__(self, task: Callable[..., Any], workers: int, threads: int | None = None) -> None:
@@ -65,9 +64,9 @@ class DecodingWorkers:
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                          initializer=_start_worker, initargs=(task, self.threads, os.getpid()))
 
-    def map(self, tasks: Iterable[tuple]) -> Iterator[Any]:
-        """Results in the order of ``tasks``; each task goes to the next free worker."""
-        return self._pool.map(_run, tasks)
+    def map(self, items: Iterable[Any]) -> Iterator[Any]:
+        """``task(item)`` for every item, in their order; each goes to the next free worker."""
+        return self._pool.map(_run, items)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
