@@ -21,9 +21,7 @@ native bfloat16 its rows run in float32, and the table says so).
 from __future__ import annotations
 
 import resource
-import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, forward_flops
-from benchmarks.probe import busy, load as load_average
+from benchmarks.probe import busy, load as load_average, throwaway_trainer
 from qkv import speed
 from qkv.data import collate
 from qkv.train import Trainer, build_configs, cpu_bf16_loss
@@ -122,11 +120,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
     timed = 2 if smoke else 3
     data = {"data_dir": data_dir, "valid_limit": 20} | ({"train_limit": 3000, "vocab_size": 1000} if smoke else {})
     model_cfg, train_cfg, data_cfg = build_configs("multi30k", model={}, train={"tune_allocator": False}, data=data)
-    run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-preset-"))
-    try:
-        trainer = Trainer(run_dir, model_cfg, train_cfg, data_cfg)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = throwaway_trainer(model_cfg, train_cfg, data_cfg)
     config, tok, ids = trainer.model_config, trainer.tokenizer, trainer.train_ids
     batches = timed_batches = trainer.batches(0)[:timed]
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}

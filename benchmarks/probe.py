@@ -183,3 +183,21 @@ def run_probe(spec: dict, timeout: float = 600) -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(main(json.loads(sys.argv[1]))))
+
+
+def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None = None):
+    """A ``qkv.train.Trainer`` whose run directory is gone once it is built: a benchmark keeps its
+    model, tokenizer and batches, never a run. ``tokenizer``: a tokenizer.model to use instead of
+    training one."""
+    import shutil
+    import tempfile
+
+    from qkv.train import Trainer
+
+    run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-"))
+    try:
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, run_dir / "tokenizer.model")  # same vocabulary, no retraining
+        return Trainer(run_dir, model_cfg, train_cfg, data_cfg)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from benchmarks.run import DEFAULT_DATA
 from qkv.recipes import parse_overrides
-from qkv.train import Trainer, build_configs
+from benchmarks.probe import throwaway_trainer
+from qkv.train import build_configs
 
 
 def measure(shapes: dict[str, dict], *, data_dir: str, bf16: bool, batches: int, repeats: int,
@@ -32,11 +30,7 @@ def measure(shapes: dict[str, dict], *, data_dir: str, bf16: bool, batches: int,
     data = {"data_dir": data_dir, "valid_limit": 20} | ({"train_limit": 3000, "vocab_size": 1000} if smoke else {})
     for name, overrides in shapes.items():
         model, train, data_cfg = build_configs("multi30k", model=overrides, train={"bf16": bf16}, data=data)
-        run_dir = Path(tempfile.mkdtemp(prefix="qkv-shape-"))
-        try:
-            trainers[name] = Trainer(run_dir, model, train, data_cfg)
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        trainers[name] = throwaway_trainer(model, train, data_cfg)
     first = next(iter(trainers.values())).batches(0)[:batches]
     for trainer in trainers.values():  # a warm-up: the allocator's heap grows to what these batches need
         for batch in first[:2]:

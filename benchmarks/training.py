@@ -10,8 +10,6 @@ in the same run.
 from __future__ import annotations
 
 import inspect
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, TutorialTransformer, fixed_batches, forward_flops
 from qkv.data import collate
+from benchmarks.probe import throwaway_trainer
 from qkv.train import Trainer, build_configs
 
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, norm_first=False)
@@ -60,13 +59,7 @@ def run(*, smoke: bool, data_dir: str, tokenizer_from: Path | None, peak_flops: 
     if smoke:
         data |= {"train_limit": 3000, "vocab_size": 1000}
     model_cfg, train_cfg, data_cfg = build_configs("multi30k", model=sizes, train={"max_tokens": 4096}, data=data)
-    run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-train-"))
-    try:
-        if tokenizer_from is not None and not smoke:
-            shutil.copyfile(tokenizer_from, run_dir / "tokenizer.model")  # same vocabulary, no retraining
-        trainer = Trainer(run_dir, model_cfg, train_cfg, data_cfg)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = throwaway_trainer(model_cfg, train_cfg, data_cfg, tokenizer=tokenizer_from if not smoke else None)
     config, tok, ids = trainer.model_config, trainer.tokenizer, trainer.train_ids
     parameters = trainer.model.num_parameters()
     n = warmup + timed

@@ -17,18 +17,15 @@ runs are in ``docs/recipes.md``.
 from __future__ import annotations
 
 import random
-import shutil
 import statistics
-import tempfile
-from pathlib import Path
 
 import torch
 
 from benchmarks.baselines import forward_flops
 from benchmarks.preset_training import NEW, _configure, _measure
-from benchmarks.probe import busy, load as load_average
+from benchmarks.probe import busy, load as load_average, throwaway_trainer
 from qkv.data import token_batches
-from qkv.train import Trainer, build_configs
+from qkv.train import build_configs
 
 SIZES = (4000, 5000, 8000, 10000)
 SMOKE_SIZES = (300, 600)
@@ -43,11 +40,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
     for size in sizes:
         data = {"data_dir": data_dir, "valid_limit": 20, "vocab_size": size} | ({"train_limit": 3000} if smoke else {})
         model_cfg, train_cfg, data_cfg = build_configs("multi30k", model={}, train={}, data=data)
-        run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-vocab-"))
-        try:
-            trainer = Trainer(run_dir, model_cfg, train_cfg, data_cfg)  # trains this size's tokenizer
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        trainer = throwaway_trainer(model_cfg, train_cfg, data_cfg)  # trains this size's tokenizer
         ids = trainer.train_ids
         pairs = sorted(random.Random(0).sample(range(len(ids.src_ids)), n_pairs))  # the same pairs for every size
         local = token_batches([len(ids.src_ids[i]) for i in pairs], [len(ids.tgt_ids[i]) for i in pairs],
