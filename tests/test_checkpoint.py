@@ -271,7 +271,7 @@ def test_manifest_names_are_confined_to_the_checkpoint_files(saved, name):
     (saved / checkpoint.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="lists files a checkpoint does not hold") as error:
         checkpoint.load(saved)  # /dev/zero would hang a reader; ../ would leak another file's size
-    assert "27" not in str(error.value)
+    assert "27" not in str(error.value).replace(str(saved), "")  # the size, not a number in the temporary path (pytest-27)
 
 
 def test_symlinks_and_special_files_in_a_checkpoint_are_refused(saved, tmp_path):
