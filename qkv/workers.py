@@ -1,8 +1,9 @@
 """Decoding workers: batches searched side by side in processes of one thread each.
 
-A model of transformer-tiny's size decodes with many small operations, which two threads of one
-process share poorly: on two cores, two processes of one thread each, every one searching whole
-batches (CTranslate2's ``inter_threads`` layout), were 1.26x to 1.27x faster (README, benchmark (c)). The workers are forked from the process
+On two cores, two processes of one thread each, every one searching whole batches (CTranslate2's
+``inter_threads`` layout), decoded the preset's model 1.26x to 1.27x faster than one process of two
+threads (README, benchmark (c)). One thread each also makes a worker's sums round exactly as those of
+one process running one thread, so the translations do not depend on the layout. The workers are forked from the process
 that holds the model, so they share its weights copy-on-write and load nothing; a batch travels to a
 worker as lists of token ids and comes back as hypotheses.
 
@@ -27,9 +28,9 @@ import torch
 _task: Callable[..., Any] | None = None  # in a worker: the function every batch is handed to
 
 
-def _start_worker(task: Callable[..., Any], threads: int, parent: int) -> None:
+def _start_worker(task: Callable[..., Any], parent: int) -> None:
     global _task
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     _task = task
     threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
 
@@ -47,22 +48,21 @@ def _run(item: Any) -> Any:
 
 
 class DecodingWorkers:
-    """``workers`` forked processes, each running ``task(item)`` for the items it is given, with
-    ``threads`` PyTorch threads each (default: this process's threads shared out, at least one).
+    """``workers`` forked processes of one PyTorch thread each, each running ``task(item)`` for the
+    items it is given.
 
     ``task`` and what it holds (the model) reach the workers by the fork, never pickled; the items
     and results are pickled, so they should be plain data (lists of ids, hypotheses).
     """
 
-    def __init__(self, task: Callable[..., Any], workers: int, threads: int | None = None) -> None:
+    def __init__(self, task: Callable[..., Any], workers: int) -> None:
         if workers < 2:
             raise ValueError(f"decoding workers are for 2 or more processes, got {workers}")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise ValueError("decoding workers need the fork start method (Linux or macOS); use one worker")
         self.workers = workers
-        self.threads = threads or max(1, torch.get_num_threads() // workers)
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                         initializer=_start_worker, initargs=(task, self.threads, os.getpid()))
+                                         initializer=_start_worker, initargs=(task, os.getpid()))
 
     def map(self, items: Iterable[Any]) -> Iterator[Any]:
         """``task(item)`` for every item, in their order; each goes to the next free worker."""

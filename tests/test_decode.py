@@ -28,6 +28,7 @@ from qkv.decode import (
 )
 from qkv.model import Transformer
 from qkv.translate import Translator, collate_sources, length_batches, suppressed_tokens
+from qkv.workers import DecodingWorkers
 
 V, PAD, BOS, EOS = 23, 0, 2, 3
 NEG_INF = float("-inf")
@@ -329,12 +330,27 @@ def test_decoding_workers_give_the_translations_of_one_process(trained, beam_siz
         torch.set_num_threads(threads)
     with Translator(trained.model, trained.tokenizer, config, max_tokens=40, workers=2) as translator:
         two = plain(translator.translate_nbest(texts))
-        assert translator._pool is not None and translator._pool.threads == max(1, threads // 2)
+        assert translator._pool is not None
         processes = list(translator._pool._pool._processes.values())
         assert len(processes) == 2 and all(p.is_alive() for p in processes)
         assert plain(translator.translate_nbest(texts)) == two  # the same workers serve every later call
     assert translator._pool is None and not any(p.is_alive() for p in processes)
     assert two == one
+
+
+def test_decoding_workers_run_one_thread_each_whatever_the_parent_runs():
+    """However many threads the command runs (here 4), a worker runs one: the layout that makes its
+    sums round as one process with one thread does."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        workers = DecodingWorkers(lambda item: (item, torch.get_num_threads()), 2)
+        try:
+            assert list(workers.map(range(6))) == [(i, 1) for i in range(6)]
+        finally:
+            workers.close()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_workers_through_the_command_line(tiny_run, tmp_path):
