@@ -191,6 +191,7 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
     training one."""
     import shutil
     import tempfile
+    import warnings
 
     from qkv.train import Trainer
 
@@ -198,6 +199,8 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
     try:
         if tokenizer is not None:
             shutil.copyfile(tokenizer, run_dir / "tokenizer.model")  # same vocabulary, no retraining
-        return Trainer(run_dir, model_cfg, train_cfg, data_cfg)
+        with warnings.catch_warnings():  # it times steps and never runs a schedule to its end
+            warnings.filterwarnings("ignore", message="decay=none holds the peak")
+            return Trainer(run_dir, model_cfg, train_cfg, data_cfg)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -131,7 +131,7 @@ TRAIN_PRESETS: dict[str, Preset] = {
     # and more dropout than the paper (29k sentences are seen ~40 times in an hour).
     "multi30k": Preset(
         "transformer-tiny",
-        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, cooldown=0.2, eval_every=500),
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
         DataConfig(vocab_size=8000),
         model_overrides=(("norm_first", True), ("dropout", 0.2)),
     ),

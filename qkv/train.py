@@ -135,6 +135,10 @@ class Trainer:
         if train.bf16 and not (self.autocast or self.loss_bf16) and self.dist.is_main:
             why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
             warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32", stacklevel=2)
+        if train.decay == "none" and not (train.max_steps or train.time_budget) and self.dist.is_main:
+            warnings.warn("decay=none holds the peak learning rate until the cool-down, which needs the run's end: "
+                          "without --max-steps or --time-budget the rate stays at its peak (give one of them, or "
+                          "--train decay=inverse_sqrt)", stacklevel=2)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
             weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)

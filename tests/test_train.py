@@ -8,6 +8,7 @@ import json
 import math
 import os
 import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,20 @@ def test_decay_none_holds_the_peak_after_warm_up_until_the_cooldown(tmp_path):
     assert constant_lr(1000, peak=1e-3, warmup=0) == 1e-3
     with pytest.raises(ValueError, match="decay must be inverse_sqrt or none"):
         TrainConfig(decay="cosine")
+
+
+@needs_multi30k
+@pytest.mark.parametrize("end", [{}, {"max_steps": 8}, {"time_budget": 60.0}])
+def test_decay_none_without_a_known_end_warns_that_the_peak_is_never_left(tmp_path, end):
+    """The held peak comes down only in the cool-down, which needs the run's end: without one the
+    trainer says so; with --max-steps or --time-budget it is silent."""
+    model, train, data = tiny_configs(8)
+    train = dataclasses.replace(train, decay="none", cooldown=0.2, **{"max_steps": 0, **end})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(tmp_path / "run", model, train, data)
+    held = [w for w in caught if "stays at its peak" in str(w.message)]
+    assert len(held) == (0 if end else 1)
 
 
 @needs_multi30k
