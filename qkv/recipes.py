@@ -133,7 +133,7 @@ TRAIN_PRESETS: dict[str, Preset] = {
         "transformer-tiny",
         TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
         DataConfig(vocab_size=8000),
-        model_overrides=(("norm_first", True), ("dropout", 0.2)),
+        model_overrides=(("norm_first", True), ("dropout", 0.3)),
     ),
 }
 
