@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -181,18 +184,10 @@ def run_probe(spec: dict, timeout: float = 600) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))))
-
-
 def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None = None):
     """A ``qkv.train.Trainer`` whose run directory is gone once it is built: a benchmark keeps its
     model, tokenizer and batches, never a run. ``tokenizer``: a tokenizer.model to use instead of
     training one."""
-    import shutil
-    import tempfile
-    import warnings
-
     from qkv.train import Trainer
 
     run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-"))
@@ -204,3 +199,8 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
             return Trainer(run_dir, model_cfg, train_cfg, data_cfg)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
+

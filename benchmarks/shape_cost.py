@@ -16,9 +16,9 @@ import os
 import statistics
 import time
 
+from benchmarks.probe import throwaway_trainer
 from benchmarks.run import DEFAULT_DATA
 from qkv.recipes import parse_overrides
-from benchmarks.probe import throwaway_trainer
 from qkv.train import build_configs
 
 

@@ -2,10 +2,10 @@
 
 On two cores, two processes of one thread each, every one searching whole batches (CTranslate2's
 ``inter_threads`` layout), decoded the preset's model 1.26x to 1.27x faster than one process of two
-threads (README, benchmark (c)). One thread each also makes a worker's sums round exactly as those of
-one process running one thread, so the translations do not depend on the layout. The workers are forked from the process
-that holds the model, so they share its weights copy-on-write and load nothing; a batch travels to a
-worker as lists of token ids and comes back as hypotheses.
+threads (README, benchmark (c)). One thread each also makes a worker's sums round exactly as those
+of one process running one thread, so the translations do not depend on the layout. The workers are
+forked from the process that holds the model, so they share its weights copy-on-write and load
+nothing; a batch travels to a worker as lists of token ids and comes back as hypotheses.
 
 Forking a process that has already run PyTorch is safe here because a worker never uses the parent's
 thread pool: it sets its own thread count before its first operation (as PyTorch's DataLoader workers
@@ -60,7 +60,6 @@ class DecodingWorkers:
             raise ValueError(f"decoding workers are for 2 or more processes, got {workers}")
         if "fork" not in multiprocessing.get_all_start_methods():
             raise ValueError("decoding workers need the fork start method (Linux or macOS); use one worker")
-        self.workers = workers
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                          initializer=_start_worker, initargs=(task, os.getpid()))
 
