@@ -1,9 +1,10 @@
-"""Training: label-smoothed loss, Adam with warm-up and inverse-square-root decay, validation with real
-decoding, checkpoints that resume exactly, averaging, early stopping and a time budget (section 5).
+"""Training: label-smoothed loss, Adam with warm-up and inverse-square-root decay (or the peak held),
+validation with real decoding (``qkv.validation``), checkpoints that resume exactly, averaging, early
+stopping and a time budget (section 5).
 
 A run directory (``qkv.rundir``) holds ``log.jsonl`` (one JSON object per event), ``curves.png``,
 ``last/`` (the newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few,
-for averaging), ``best/`` (best validation BLEU) and ``final/`` (chosen at the end). A signal stops the
+for averaging), ``best/`` (best validation BLEU) and ``final/`` (chosen on validation at the end). A signal stops the
 run at a step boundary and saves ``last/`` (``qkv.stopping``).
 
 Under ``torchrun`` the same loop trains with DistributedDataParallel (``qkv.distributed``): every rank
@@ -28,24 +29,17 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv import checkpoint, distributed, speed
+from qkv import checkpoint, distributed, speed, validation
 from qkv.config import ModelConfig, config_from_dict
 from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
-from qkv.decode import DecodeConfig
 from qkv.devices import resolve_device
 from qkv.ema import WeightEMA
-from qkv.evaluate import score
 from qkv.loss import constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
 from qkv.rundir import RunLog, check_tensorboard, clear_run, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer, load_tokenizer
-from qkv.translate import Translator
-
-# final/'s length penalty is chosen among these on the validation set, with this beam (qkv's default).
-LENGTH_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)
-TUNING_BEAM = 5
 
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on the others.
 FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed")
@@ -372,24 +366,9 @@ class Trainer:
             warnings.warn(f"non-finite {what} at step {step}: the update is skipped (on_nan=skip)", stacklevel=3)
         return float("nan"), n_tokens, False
 
-    @torch.no_grad()
     def validate(self) -> dict[str, Any]:
         """Teacher-forced validation loss, and BLEU/chrF on real (greedy or beam) translations."""
-        self.model.eval()
-        tok, ids = self.tokenizer, self.valid_ids
-        total, count = 0.0, 0
-        order = token_batches([len(s) for s in ids.src_ids], [len(t) for t in ids.tgt_ids], 4096, seed=0, epoch=0, shuffle=False)
-        for batch in order:
-            src, tgt_in, tgt_out = (t.to(self.device) for t in collate(
-                [ids.src_ids[i] for i in batch], [ids.tgt_ids[i] for i in batch],
-                pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
-            ))
-            loss_sum, n = label_smoothed_loss(self.model(src, tgt_in), tgt_out, pad_id=tok.pad_id, smoothing=self.train_cfg.label_smoothing)
-            total, count = total + loss_sum.item(), count + int(n)
-        translator = Translator(self.model, tok, DecodeConfig(beam_size=self.train_cfg.valid_beam))
-        hyps = [tok.decode(h[0].tokens) for h in translator.translate_ids(ids.src_ids)]
-        scores = score(hyps, self.valid_data.tgt)
-        return {"valid_loss": round(total / count, 4), "bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"]}
+        return validation.validate(self.model, self.tokenizer, self.valid_ids, self.valid_data.tgt, self.train_cfg)
 
     def checkpoint_and_validate(self) -> bool:
         """Validate, save step/last/best checkpoints; return True when early stopping says stop.
@@ -425,77 +404,8 @@ class Trainer:
         return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
 
     def finish(self) -> dict[str, Any]:
-        """Write final/: of the averages of the newest k step checkpoints, k = average_last down to 1
-        (the newest alone), and the EMA of the weights when the run keeps one (``ema``), the one with
-        the best validation BLEU; a tie goes to the larger average, and the EMA must beat them all.
-
-        Averaging smooths the noise of the last updates (the paper averages the last 5 or 20
-        checkpoints), but in a short run the older checkpoints come from a stretch where the model was
-        still improving fast and drag the average back (measured on Multi30k: the average of 5
-        checkpoints 500 steps apart validated below the newest alone), so each is validated.
-        A stop signal abandons this (last/ already holds the run's final step; --resume finishes it).
-        """
-        dirs = step_dirs(self.run_dir)
-        if not dirs:  # no evaluation ever ran: validate and save the live weights first
-            self._checkpoint_and_validate(None)
-            dirs = step_dirs(self.run_dir)
-        # state_dict() shares storage with the parameters: copy, or loading others would overwrite it too.
-        live = {name: value.clone() for name, value in self.model.state_dict().items()}
-        newest = next((r for r in reversed(self.log.records) if r.get("event") == "valid"), None)
-        best: tuple[float, int, dict[str, Any], dict[str, torch.Tensor] | None] | None = None
-        tried: dict[str, float] = {}
-        try:
-            for k in range(min(self.train_cfg.average_last, len(dirs)), 0, -1):
-                if k == 1 and newest is not None and newest["step"] == checkpoint.step_number(dirs[-1]):
-                    state, metrics = None, {key: newest[key] for key in ("valid_loss", "bleu", "bleu_lc", "chrf")}
-                else:
-                    state = checkpoint.average(dirs[-k:]) if k > 1 else None
-                    self.model.load_state_dict(state if k > 1 else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
-                    with self.stop.abandonable():
-                        metrics = self.validate()
-                tried[str(k)] = metrics["bleu"]
-                if best is None or metrics["bleu"] > best[0]:
-                    best = (metrics["bleu"], k, metrics, state)
-            if self.ema is not None:  # k = 0 stands for the EMA: final/ only if it beats every average
-                state = self.ema.weights()
-                self.model.load_state_dict(state, strict=False)
-                with self.stop.abandonable():
-                    metrics = self.validate()
-                tried["ema"] = metrics["bleu"]
-                if metrics["bleu"] > best[0]:
-                    best = (metrics["bleu"], 0, metrics, state)
-        except Abandoned:
-            raise StopRequested(self.stop.signum or signal.SIGINT) from None
-        finally:
-            self.model.load_state_dict(live)
-        _, k, metrics, state = best
-        try:  # final/ holds the chosen weights and, in config.json, the length penalty chosen for them
-            self.model.load_state_dict(state if state is not None else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
-            with self.stop.abandonable():
-                decode = self.tune_length_penalty() if self.train_cfg.tune_length_penalty else {}
-            checkpoint.save(self.run_dir / "final", self.model, self.tokenizer, configs={**self.configs(), "decode": decode})
-        except Abandoned:
-            raise StopRequested(self.stop.signum or signal.SIGINT) from None
-        finally:
-            self.model.load_state_dict(live)
-        averaged = [d.name for d in dirs[-k:]] if k else []
-        self.log.write(event="final", step=self.step, averaged=averaged, ema=k == 0, tried_bleu=tried, **metrics)
-        return metrics
-
-    @torch.no_grad()
-    def tune_length_penalty(self) -> dict[str, float]:
-        """The length penalty (GNMT's alpha) of the best validation BLEU with beam search, one of
-        ``LENGTH_PENALTIES``; a tie goes to the one nearer the usual 0.6. Saved in final/'s config.json
-        ("decode"), translate, evaluate, align, attend and serve use it unless told another."""
-        self.model.eval()
-        tok, tried = self.tokenizer, {}
-        for alpha in LENGTH_PENALTIES:
-            translator = Translator(self.model, tok, DecodeConfig(beam_size=TUNING_BEAM, length_penalty=alpha))
-            hyps = [tok.decode(h[0].tokens) for h in translator.translate_ids(self.valid_ids.src_ids)]
-            tried[alpha] = score(hyps, self.valid_data.tgt)["bleu"]
-        chosen = max(tried, key=lambda alpha: (tried[alpha], -abs(alpha - 0.6)))
-        self.log.write(event="length_penalty", step=self.step, beam=TUNING_BEAM, chosen=chosen, tried_bleu={str(a): b for a, b in tried.items()})
-        return {"length_penalty": chosen}
+        """Write final/, chosen on validation (``qkv.validation.write_final``); returns its scores."""
+        return validation.write_final(self)
 
     @property
     def bf16_mode(self) -> str | None:

@@ -21,7 +21,8 @@ from qkv.config import ConfigError
 from qkv.rundir import step_dirs
 from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
-from qkv.train import LENGTH_PENALTIES, TRAIN_PRESETS, TrainConfig, Trainer, build_configs, constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.validation import LENGTH_PENALTIES
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
 
