@@ -188,14 +188,14 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
     """A ``qkv.train.Trainer`` whose run directory is gone once it is built: a benchmark keeps its
     model, tokenizer and batches, never a run. ``tokenizer``: a tokenizer.model to use instead of
     training one."""
-    from qkv.train import Trainer
+    from qkv.train import HeldPeakWarning, Trainer
 
     run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-"))
     try:
         if tokenizer is not None:
             shutil.copyfile(tokenizer, run_dir / "tokenizer.model")  # same vocabulary, no retraining
         with warnings.catch_warnings():  # it times steps and never runs a schedule to its end
-            warnings.filterwarnings("ignore", message="decay=none holds the peak")
+            warnings.simplefilter("ignore", HeldPeakWarning)
             return Trainer(run_dir, model_cfg, train_cfg, data_cfg)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -203,4 +203,3 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
 
 if __name__ == "__main__":
     print(json.dumps(main(json.loads(sys.argv[1]))))
-

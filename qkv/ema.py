@@ -8,8 +8,8 @@ so the first updates, far from where training ends, are forgotten fast (the warm
 ``ExponentialMovingAverage`` with ``num_updates``). With decay 0.999 the average spans about the last
 1,000 updates; checkpoint averaging (``checkpoint.average``) can only mean a few checkpoints that are
 ``eval_every`` updates apart. At the end of training the average is validated beside the checkpoint
-averages and becomes final/ if it is the best (``Trainer.finish``); it is saved in last/ so that a
-resumed run continues the same average.
+averages and becomes final/ if it is the best (``qkv.validation.write_final``); it is saved in last/
+so that a resumed run continues the same average.
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ from qkv.tokenizer import Tokenizer, load_tokenizer
 FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed")
 
 
+class HeldPeakWarning(UserWarning):
+    """decay=none in a run with no known end: its learning rate never leaves the peak."""
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -132,7 +136,7 @@ class Trainer:
         if train.decay == "none" and not (train.max_steps or train.time_budget) and self.dist.is_main:
             warnings.warn("decay=none holds the peak learning rate until the cool-down, which needs the run's end: "
                           "without --max-steps or --time-budget the rate stays at its peak (give one of them, or "
-                          "--train decay=inverse_sqrt)", stacklevel=2)
+                          "--train decay=inverse_sqrt)", HeldPeakWarning, stacklevel=2)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
             weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)

@@ -37,11 +37,10 @@ def validate(model: Transformer, tok: Tokenizer, ids: EncodedCorpus, references:
     """Teacher-forced validation loss (label-smoothed, as in training), and BLEU/chrF of real
     translations (beam ``train.valid_beam``; 1 is greedy) against ``references``."""
     model.eval()
-    device = next(model.parameters()).device
     total, count = 0.0, 0
     order = token_batches([len(s) for s in ids.src_ids], [len(t) for t in ids.tgt_ids], 4096, seed=0, epoch=0, shuffle=False)
     for batch in order:
-        src, tgt_in, tgt_out = (t.to(device) for t in collate(
+        src, tgt_in, tgt_out = (t.to(model.device) for t in collate(
             [ids.src_ids[i] for i in batch], [ids.tgt_ids[i] for i in batch],
             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
         ))
