@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.kernels import Linear, linear
+
 
 class KVCache:
     """The keys and values a layer has computed so far, kept for incremental decoding.
@@ -78,6 +80,12 @@ class KVCache:
         self._buffers, self._spare, self.rows = self._spare, self._buffers, index.numel()
 
 
+# m * n per head up to which inference takes the explicit steps instead of the fused kernel: the
+# two ran about even at m = n = 256 (B 4, 4 heads of 32, 2 threads, AMD Zen 4), the explicit steps
+# 2-4x faster at decoding's m of 1 to 10 queries.
+SHORT_ATTENTION = 128 * 128
+
+
 def causal_mask(m: int, n: int, device: torch.device | None = None) -> Tensor:
     """(m, n) bool, True where query i may see key j.
 
@@ -96,14 +104,25 @@ def scaled_dot_product_attention(
     causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    fused: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q K^T / sqrt(d_k)) V, equation (1) of the paper.
 
     q: (..., m, d_k), k: (..., n, d_k), v: (..., n, d_v); mask: bool, broadcastable to (..., m, n),
     True = may attend. Returns the output (..., m, d_v) and, if ``need_weights``, the attention
-    weights (..., m, n) (before dropout), else None. Without weights PyTorch's fused kernel runs.
+    weights (..., m, n) (before dropout), else None.
+
+    ``fused``: whether PyTorch's fused kernel (``F.scaled_dot_product_attention``) computes it, or
+    the explicit four steps (matmul, scale, softmax, matmul). Weights need the explicit steps. By
+    default (None) the fused kernel runs, except without gradients on short inputs (``m * n`` at
+    most ``SHORT_ATTENTION`` per head): a decoding step's few queries, which the explicit steps
+    compute 2-4x faster on a CPU (``benchmarks/attention.py``, "decoding shapes").
     """
     m, n = q.size(-2), k.size(-2)
+    if fused is None:
+        fused = not need_weights and (torch.is_grad_enabled() or m * n > SHORT_ATTENTION)
+    elif fused and need_weights:
+        raise ValueError("the fused kernel returns no weights: need_weights needs fused=False (or None)")
     if causal and m > 1:  # a single query is the newest position: it sees every key
         future = causal_mask(m, n, q.device)  # (m, n)
         mask = future if mask is None else mask & future
@@ -115,7 +134,7 @@ def scaled_dot_product_attention(
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (..., m or 1, 1)
         mask = mask | empty_rows
 
-    if not need_weights:
+    if fused:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         weights = None
     else:
@@ -123,13 +142,13 @@ def scaled_dot_product_attention(
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = scores.softmax(dim=-1)  # each row is a distribution over the n keys
-        if empty_rows is not None:
+        if empty_rows is not None and need_weights:
             weights = weights.masked_fill(empty_rows, 0.0)
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         out = dropped @ v  # (..., m, d_v)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
-    return out, weights
+    return out, weights if need_weights else None
 
 
 def fold_groups(x: Tensor, G: int) -> Tensor:
@@ -171,8 +190,8 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_k if d_k is not None else d_model // n_heads
         self.d_v = d_v if d_v is not None else d_model // n_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, n_heads * (2 * self.d_k + self.d_v), bias=bias)
-        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
+        self.in_proj = Linear(d_model, n_heads * (2 * self.d_k + self.d_v), bias=bias)
+        self.out_proj = Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -213,12 +232,12 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, H, past + m, d)
         else:
-            q = F.linear(query, self.in_proj.weight[:Hk], None if self.in_proj.bias is None else self.in_proj.bias[:Hk])
+            q = linear(query, self.in_proj.weight[:Hk], None if self.in_proj.bias is None else self.in_proj.bias[:Hk])
             if cache is not None and not cache.empty:
                 k, v = cache.k, cache.v
             else:
                 w, b = self.in_proj.weight[Hk:], None if self.in_proj.bias is None else self.in_proj.bias[Hk:]
-                k, v = F.linear(memory, w, b).split([Hk, self.n_heads * self.d_v], dim=-1)
+                k, v = linear(memory, w, b).split([Hk, self.n_heads * self.d_v], dim=-1)
                 k, v = self._split_heads(k, self.d_k), self._split_heads(v, self.d_v)  # (B, H, n, d)
                 if cache is not None:
                     cache.store(k, v)

@@ -216,7 +216,8 @@ def _torch_check(
     diffs = {}
     for need_weights in (False, True):
         with torch.no_grad():
-            out, weights = scaled_dot_product_attention(qh, kh, vh, mask=torch_mask, need_weights=need_weights)
+            out, weights = scaled_dot_product_attention(qh, kh, vh, mask=torch_mask, need_weights=need_weights,
+                                                        fused=not need_weights)
         out = out.transpose(0, 1).reshape(m, -1)  # (H, m, d_v) -> (m, H*d_v): heads side by side
         if projections is not None:
             out = out @ t(projections[3])  # concat W^O: (m, d_model)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from qkv.attention import KVCache, MultiHeadAttention
 from qkv.config import ModelConfig
+from qkv.kernels import Linear
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -73,8 +74,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = Linear(d_model, d_ff)
+        self.linear2 = Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -204,7 +205,7 @@ class Transformer(nn.Module):
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a layer norm.
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
-        self.generator = nn.Linear(D, config.tgt_vocab_size, bias=config.output_bias)
+        self.generator = Linear(D, config.tgt_vocab_size, bias=config.output_bias)
         self._init_embeddings()
         if config.tie_output:
             self.generator.weight = self.tgt_embed.weight

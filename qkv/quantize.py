@@ -35,11 +35,12 @@ def int8_model(model: M) -> M:
         raise ValueError("int8 decoding runs on the CPU: load the model there")
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    names = {
-        name: per_channel_dynamic_qconfig
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and not name.endswith("in_proj")
-    }
+    model = copy.deepcopy(model).eval()
+    names = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and not name.endswith("in_proj"):
+            names[name] = per_channel_dynamic_qconfig
+            module.__class__ = nn.Linear  # qkv.kernels.Linear: quantize_dynamic swaps only torch's own class
     with warnings.catch_warnings():  # PyTorch marks its quantized tensors as deprecated (they still work in 2.13)
         warnings.simplefilter("ignore")
-        return quantize_dynamic(copy.deepcopy(model).eval(), names, inplace=False)
+        return quantize_dynamic(model, names, inplace=True)

@@ -9,7 +9,8 @@ on the multi30k preset (README, benchmark (b)): tens of thousands of faults per 
 the CPU time in the kernel. Telling glibc to keep what it has (no mmap, no trimming of the heap's
 top) removes them; the memory the process holds is then its peak, as a caching allocator's is.
 
-Nothing here runs at import: ``Trainer`` calls ``tune_allocator`` when training starts.
+Nothing here runs at import: ``Trainer`` calls ``tune_allocator`` when training starts, and
+``Translator`` when it is made for a model on the CPU (decoding frees and allocates too).
 """
 
 from __future__ import annotations

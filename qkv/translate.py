@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from qkv import checkpoint
+from qkv import checkpoint, speed
 from qkv.decode import DecodeConfig, Hypothesis, search
 from qkv.model import Transformer
 from qkv.tokenizer import Tokenizer
@@ -72,6 +72,10 @@ class Translator:
     ``workers`` > 1 (CPU only): batches are searched side by side in that many forked processes of
     one thread each (``qkv.workers``), which gives the same translations faster when the model is
     small; the processes start at the first translation and end with ``close()`` (or ``with``).
+
+    A Translator of a model on the CPU tunes the process's allocator (``qkv.speed.tune_allocator``):
+    every decoding step allocates and frees its vocabulary-sized scores, which glibc would otherwise
+    hand back to the kernel and fault in again (1.1x beam 5 on the benchmark's batches, README (c)).
     """
 
     def __init__(
@@ -88,6 +92,8 @@ class Translator:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if workers > 1 and model.device.type != "cpu":
             raise ValueError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
+        if model.device.type == "cpu":
+            speed.tune_allocator()  # process-wide, from here on; forked workers inherit it
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or DecodeConfig()

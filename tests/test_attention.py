@@ -61,6 +61,43 @@ def test_equals_pytorch_fused_kernel_with_batch_and_heads():
     assert weights.shape == (2, 3, 5, 9)
 
 
+def _count_fused_calls(monkeypatch) -> list[int]:
+    calls = [0]
+    fused = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    return calls
+
+
+def test_inference_on_short_inputs_takes_the_explicit_steps_and_agrees_with_the_fused_kernel(monkeypatch):
+    """A decoding step's shapes (no gradient, m * n small) skip the fused kernel; training and long
+    inputs keep it; both give the same output to fp32 rounding, padding and empty rows included."""
+    calls = _count_fused_calls(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(6, 4, 5, 32, generator=g), torch.randn(6, 4, 17, 32, generator=g), torch.randn(6, 4, 17, 32, generator=g)
+    mask = torch.ones(6, 1, 1, 17, dtype=torch.bool)
+    mask[1, ..., 9:] = False
+    mask[2] = False  # a row with no key: zeros either way
+    with torch.no_grad():
+        explicit, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+        assert calls[0] == 0 and weights is None
+        fused, _ = scaled_dot_product_attention(q, k, v, mask=mask, fused=True)
+        assert calls[0] == 1
+        long_q, long_k = torch.randn(1, 1, 200, 8, generator=g), torch.randn(1, 1, 200, 8, generator=g)
+        scaled_dot_product_attention(long_q, long_k, long_k)  # m * n = 40,000 > SHORT_ATTENTION
+        assert calls[0] == 2
+    torch.testing.assert_close(explicit, fused, atol=1e-6, rtol=1e-5)
+    assert (explicit[2] == 0).all()
+    scaled_dot_product_attention(q.requires_grad_(), k, v, mask=mask)  # with gradients: the fused kernel
+    assert calls[0] == 3
+    with pytest.raises(ValueError, match="no weights"):
+        scaled_dot_product_attention(q, k, v, need_weights=True, fused=True)
+
+
 def test_rows_sum_to_one_and_masked_keys_get_exactly_zero():
     g = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(4, 6, generator=g), torch.randn(7, 6, generator=g), torch.randn(7, 3, generator=g)

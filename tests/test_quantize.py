@@ -28,7 +28,7 @@ def test_int8_model_quantizes_a_copy_and_keeps_in_proj_in_fp32():
     for name in ("generator", "decoder_layers.0.feed_forward.linear1", "decoder_layers.0.cross_attn.out_proj"):
         assert isinstance(modules[name], int8_linear), name
     in_proj = modules["decoder_layers.0.cross_attn.in_proj"]  # sliced by cross-attention: kept in fp32
-    assert type(in_proj) is nn.Linear and in_proj.weight.dtype == torch.float32
+    assert isinstance(in_proj, nn.Linear) and not isinstance(in_proj, int8_linear) and in_proj.weight.dtype == torch.float32
 
 
 def test_int8_logits_are_close_to_fp32_and_search_runs():
