@@ -12,7 +12,8 @@ memory of the row (``VmHWM`` after resetting it through ``/proc/self/clear_refs`
 The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer with them off:
 ``tune_allocator`` (``qkv.speed``; off means glibc's own steady state, restored by
 ``qkv.speed.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
-``adam`` ("for": PyTorch's per-tensor loop); ``fast_dropout`` (``qkv.speed.FastDropout``) is off by
+``adam`` ("for": PyTorch's per-tensor loop) and ``onednn`` (``qkv.kernels``; off: MKL through
+``F.linear``); ``fast_dropout`` (``qkv.speed.FastDropout``) is off by
 default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own, as
 has ``bf16`` (the fused loss's products in bfloat16: not the same numbers either; on a CPU without
 native bfloat16 its rows run in float32, and the table says so).
@@ -31,17 +32,18 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, forward_flops
 from benchmarks.probe import busy, load as load_average, throwaway_trainer
-from qkv import speed
+from qkv import kernels, speed
 from qkv.data import collate
 from qkv.train import Trainer, build_configs, cpu_bf16_loss
 
-OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False}
-NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False}
+OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False}
+NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False, "onednn": True}
 ROWS = [  # (key, label, flags)
     ("today", "today's path (every speed-up off)", OLD),
     ("allocator", "+ glibc kept from returning memory (tune_allocator)", {**OLD, "tune_allocator": True}),
     ("fused_loss", "+ fused chunked projection and loss (fused_loss)", {**OLD, "fused_loss": True}),
     ("adam", "+ fused Adam (adam=fused)", {**OLD, "adam": "fused"}),
+    ("onednn", "+ linear layers on oneDNN (onednn)", {**OLD, "onednn": True}),
     ("fast_dropout", "+ dropout masks from 64-bit draws (fast_dropout, opt-in: other random draws)", {**OLD, "fast_dropout": True}),
     ("all", "the exact speed-ups together (the default)", NEW),
     ("all_fast_dropout", "the default + fast_dropout", {**NEW, "fast_dropout": True}),
@@ -98,6 +100,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
     trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
+    kernels.prefer_onednn(cfg.onednn)
     for module in list(trainer.model.modules()):  # nn.Dropout or speed.FastDropout, as the flag says
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout):
@@ -162,6 +165,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
             log(f"training preset, repeat {repeat + 1}/{repeats}, {key}: {timed / sample['seconds']:.2f} steps/s, "
                 f"{sample['faults'] / timed:.0f} faults/step, system {100 * sample['system_share']:.1f}%, load {load:.2f}")
     speed.tune_allocator()
+    kernels.prefer_onednn(True)
     table = []
     for key, label, _ in chosen:
         s = samples[key]

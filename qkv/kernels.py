@@ -3,12 +3,14 @@
 PyTorch's CPU build runs fp32 ``F.linear`` on MKL, which takes its AVX2 code path on AMD
 processors: about 110 GFLOP/s on one core of this project's AMD EPYC host. oneDNN, which ships
 inside the same build (``torch.ops.mkldnn``) and picks the CPU's widest instructions whatever its
-vendor, ran the model's products at 2-2.3x that (one core; 1.6-1.8x on two). ``Linear`` is
-``nn.Linear`` with that choice made at each call: oneDNN for fp32 inference on the CPU (no
-gradient, no autocast), ``F.linear`` everywhere else. The two differ only in the order of their
-additions (a few ulps); ``tests/test_kernels.py`` checks them against each other.
+vendor, ran the model's products at 2-2.3x that (one core; 1.6-1.8x on two).
 
-Training keeps ``F.linear``: oneDNN's linear has no backward in PyTorch.
+``Linear`` is ``nn.Linear`` with that choice made at each call: oneDNN for fp32 on the CPU (outside
+autocast, whose casts happen in ``F.linear``'s dispatch), with the input's gradient on oneDNN too
+(``_OneDNNLinear``: PyTorch gives its op no backward), ``F.linear`` everywhere else (a GPU, bf16,
+int8). The two differ only in the order of their additions (a few ulps); ``tests/test_kernels.py``
+checks them against each other. ``prefer_onednn(False)`` (``--train onednn=false``) goes back to
+``F.linear`` for the whole process.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ def onednn_available() -> bool:
     try:
         if not torch.backends.mkldnn.is_available():
             return False
-        x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+        g = torch.Generator().manual_seed(0)  # not the global generator: training's random state stays as it was
+        x, w, b = torch.randn(3, 8, generator=g), torch.randn(5, 8, generator=g), torch.randn(5, generator=g)
         with torch.no_grad():
             return torch.allclose(_onednn_linear(x, w, b), F.linear(x, w, b), rtol=1e-4, atol=1e-5)
     except (AttributeError, RuntimeError):  # an op this build lacks, or one it cannot run here
@@ -43,8 +46,56 @@ def prefer_onednn(on: bool) -> bool:
     return previous
 
 
+# oneDNN builds (and caches) a kernel for each shape it meets, about 0.5 ms each at the preset's
+# shapes, and training meets a new number of positions nearly every step: past PAD_FROM positions
+# they are padded with zero rows to a multiple of ROW_MULTIPLE (at most 12% more rows, under 4% at
+# the preset's 3,000 to 4,000), so that a run meets a few dozen shapes.
+PAD_FROM, ROW_MULTIPLE = 1024, 128
+
+
+def _op(a: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(a, weight, bias, "none", [], "")  # a W^T + b, no fused activation
+
+
+def _padded_rows(a: Tensor) -> Tensor:
+    """(n, k) -> (n', k): ``a`` with zero rows below it up to a multiple of ROW_MULTIPLE when n > PAD_FROM."""
+    n = a.size(0)
+    if n <= PAD_FROM or n % ROW_MULTIPLE == 0:
+        return a
+    padded = a.new_empty(-(-n // ROW_MULTIPLE) * ROW_MULTIPLE, a.size(1))
+    padded[:n] = a
+    padded[n:] = 0
+    return padded
+
+
 def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # x W^T + b, no fused activation
+    rows = x.reshape(-1, x.size(-1))  # (n, in), n = all leading positions
+    out = _op(_padded_rows(rows), weight, bias)[: rows.size(0)]  # (n, out), contiguous
+    return out.view(*x.shape[:-1], weight.size(0))
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """x W^T + b and its input gradient dx = dy W on oneDNN; dW = dy^T x on MKL; db = the sum of dy."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        dy = grad.reshape(-1, grad.size(-1))  # (n, out), n = all leading positions
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = _onednn_linear(grad, weight.t(), None)  # (..., out) W -> (..., in)
+        if ctx.needs_input_grad[1]:
+            # MKL: its product of two transposed operands ran faster here than oneDNN's, which copies them
+            dw = dy.t().mm(x.reshape(-1, x.size(-1)))  # (out, n) x (n, in) -> (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(dim=0)  # (out,)
+        return dx, dw, db
 
 
 def _use_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -52,18 +103,19 @@ def _use_onednn(x: Tensor, weight: Tensor) -> bool:
         _prefer_onednn
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
-        and not torch.is_grad_enabled()
         and not torch.is_autocast_enabled("cpu")
         and onednn_available()
     )
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x W^T + b, like ``F.linear``: (..., in) -> (..., out). oneDNN computes it for fp32 inference
-    on the CPU where this PyTorch has it."""
-    if _use_onednn(x, weight):
-        return _onednn_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    """x W^T + b, like ``F.linear``: (..., in) -> (..., out). oneDNN computes it (and its gradients)
+    for fp32 on the CPU where this PyTorch has it."""
+    if not _use_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _onednn_linear(x, weight, bias)
 
 
 class Linear(nn.Linear):

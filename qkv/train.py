@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv import checkpoint, distributed, speed, validation
+from qkv import checkpoint, distributed, kernels, speed, validation
 from qkv.config import ModelConfig, config_from_dict
 from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.devices import resolve_device
@@ -89,6 +89,7 @@ class Trainer:
             torch.set_num_threads(train.threads)
         if train.tune_allocator:  # process-wide, from here on (qkv.speed)
             speed.tune_allocator()
+        kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.kernels)
         self.train_data, self.valid_data = load_corpora(data)
         if tensorboard and self.dist.is_main:
             check_tensorboard()  # before --overwrite deletes the old run

@@ -1,4 +1,4 @@
-"""The linear layers' kernel: oneDNN for fp32 inference on the CPU, ``F.linear`` everywhere else."""
+"""The linear layers' kernel: oneDNN for fp32 on the CPU (forward and gradients), ``F.linear`` everywhere else."""
 
 import pytest
 import torch
@@ -16,13 +16,13 @@ needs_onednn = pytest.mark.skipif(not kernels.onednn_available(), reason="this P
 @pytest.fixture
 def onednn_calls(monkeypatch) -> list[int]:
     calls = [0]
-    onednn = kernels._onednn_linear
+    onednn = kernels._op
 
     def counted(*args):
         calls[0] += 1
         return onednn(*args)
 
-    monkeypatch.setattr(kernels, "_onednn_linear", counted)
+    monkeypatch.setattr(kernels, "_op", counted)  # every oneDNN product goes through _op
     return calls
 
 
@@ -42,19 +42,59 @@ def test_inference_runs_onednn_and_agrees_with_f_linear(shape, bias, onednn_call
     assert columns.shape == (9, 24)
 
 
-def test_training_and_autocast_keep_f_linear(onednn_calls):
+@needs_onednn
+def test_training_runs_onednn_with_f_linears_gradients(onednn_calls):
+    g = torch.Generator().manual_seed(1)
     layer = Linear(16, 8)
     reference = nn.Linear(16, 8)
     reference.load_state_dict(layer.state_dict())
-    x = torch.randn(4, 16, requires_grad=True)
+    x = torch.randn(3, 4, 16, generator=g, requires_grad=True)
+    torch.testing.assert_close(layer(x), reference(x), atol=1e-5, rtol=1e-5)
     layer(x).square().sum().backward()
+    assert onednn_calls[0] == 2 + 1  # the comparison's forward, then this forward and its dx (dW: MKL)
     grad = x.grad.clone()
     x.grad = None
     reference(x).square().sum().backward()
-    torch.testing.assert_close(grad, x.grad, atol=0, rtol=0)
-    torch.testing.assert_close(layer.weight.grad, reference.weight.grad, atol=0, rtol=0)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        assert layer(x).dtype == torch.bfloat16  # autocast's cast happens in F.linear's dispatch
+    for ours, theirs in ((grad, x.grad), (layer.weight.grad, reference.weight.grad), (layer.bias.grad, reference.bias.grad)):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
+    frozen = torch.randn(5, 16, generator=g, requires_grad=True)
+    layer.requires_grad_(False)
+    layer(frozen).sum().backward()  # only dx is asked for
+    assert layer.weight.grad is not None and frozen.grad.shape == (5, 16)
+
+
+@needs_onednn
+def test_padded_positions_change_nothing_but_the_kernels_shape(onednn_calls, monkeypatch):
+    """Past PAD_FROM positions the rows are padded to a multiple of ROW_MULTIPLE (a few shapes for
+    oneDNN to build kernels for); the output, dx, dW and db are those of the positions alone."""
+    monkeypatch.setattr(kernels, "PAD_FROM", 4)
+    monkeypatch.setattr(kernels, "ROW_MULTIPLE", 8)
+    shapes = []
+    onednn = kernels._op
+    monkeypatch.setattr(kernels, "_op", lambda a, w, b: shapes.append(tuple(a.shape)) or onednn(a, w, b))
+    g = torch.Generator().manual_seed(2)
+    layer, reference = Linear(6, 5), nn.Linear(6, 5)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(13, 6, generator=g, requires_grad=True)  # 13 rows -> 16
+    out = layer(x)
+    assert out.shape == (13, 5) and shapes == [(16, 6)]
+    torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
+    (out * torch.arange(5.0)).sum().backward()
+    assert shapes[1:] == [(16, 5)]  # dx from the padded dy (dW: MKL, over the 13 positions)
+    grads = x.grad.clone(), layer.weight.grad, layer.bias.grad
+    x.grad = None
+    (reference(x) * torch.arange(5.0)).sum().backward()
+    for ours, theirs in zip(grads, (x.grad, reference.weight.grad, reference.bias.grad)):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert layer(torch.randn(3, 4, 6, generator=g)).shape == (3, 4, 5)  # 12 rows -> 16, cut back
+    assert shapes[-1] == (16, 6)
+
+
+def test_autocast_keeps_f_linear(onednn_calls):
+    layer = Linear(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(4, 16)).dtype == torch.bfloat16  # autocast's cast happens in F.linear's dispatch
     assert onednn_calls[0] == 0
 
 
@@ -73,7 +113,7 @@ def test_linear_has_nn_linears_state_dict():
     assert layer.state_dict().keys() == plain.state_dict().keys()
     plain.load_state_dict(layer.state_dict())
     x = torch.randn(2, 5)
-    torch.testing.assert_close(plain(x), layer(x), atol=0, rtol=0)
+    torch.testing.assert_close(plain(x), layer(x), atol=1e-6, rtol=1e-6)
 
 
 @needs_onednn
@@ -91,3 +131,12 @@ def test_a_models_logits_agree_across_the_two_kernels():
             kernels.prefer_onednn(previous)
     torch.testing.assert_close(onednn, blas, atol=1e-4, rtol=1e-4)
     assert not torch.equal(onednn, torch.zeros_like(onednn))
+
+
+def test_checking_for_onednn_leaves_the_global_random_state_alone():
+    """A resumed run restores the random state and then makes its first product: the check that
+    oneDNN works must not draw from the generator dropout draws from."""
+    kernels.onednn_available.cache_clear()
+    state = torch.get_rng_state()
+    kernels.onednn_available()
+    assert torch.equal(torch.get_rng_state(), state)
