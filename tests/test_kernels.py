@@ -13,6 +13,12 @@ from qkv.model import Transformer
 needs_onednn = pytest.mark.skipif(not kernels.onednn_available(), reason="this PyTorch has no oneDNN linear")
 
 
+@pytest.fixture(autouse=True)
+def small_products_too(monkeypatch):
+    """The tests' products are small: let oneDNN take them (``MIN_OUTPUTS`` has a test of its own)."""
+    monkeypatch.setattr(kernels, "MIN_OUTPUTS", 0)
+
+
 @pytest.fixture
 def onednn_calls(monkeypatch) -> list[int]:
     calls = [0]
@@ -106,6 +112,18 @@ def test_prefer_onednn_false_keeps_f_linear(onednn_calls):
     finally:
         assert kernels.prefer_onednn(previous) is False
     assert onednn_calls[0] == 0
+
+
+@needs_onednn
+def test_products_with_few_outputs_stay_on_mkl(onednn_calls, monkeypatch):
+    monkeypatch.setattr(kernels, "MIN_OUTPUTS", 8192)
+    with torch.no_grad():
+        linear(torch.randn(5, 16), torch.randn(384, 16))  # 1,920 outputs: one decoding step's layer
+        assert onednn_calls[0] == 0
+        linear(torch.randn(1, 16), torch.randn(8000, 16))  # 8,000-piece output layer, one sentence
+        assert onednn_calls[0] == 0
+        linear(torch.randn(2, 16), torch.randn(8000, 16))
+        assert onednn_calls[0] == 1
 
 
 def test_linear_has_nn_linears_state_dict():
