@@ -175,14 +175,24 @@ def forward_flops(config: ModelConfig, src_lengths: list[int], tgt_lengths: list
 
 
 def matmul_peak(seconds: float = 2.0, size: int = 2048) -> float:
-    """Best fp32 matmul FLOP/s of this process (same threads as the benchmarks) over ``seconds``."""
+    """Best fp32 matmul FLOP/s of this process (same threads as the benchmarks) over ``seconds``,
+    with either kernel qkv multiplies with: MKL's ``torch.mm`` and oneDNN's linear (``qkv.kernels``;
+    on an AMD CPU MKL's AVX2 path measures about half of oneDNN's), half the time each."""
     import time
 
+    from qkv import kernels
+
     a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    products = [lambda: torch.mm(a, b)]
+    if kernels.onednn_available():
+        products.append(lambda: kernels._op(a, b, None))  # a b^T: the same FLOPs
+    best = 0.0
+    with torch.no_grad():
+        for product in products:
+            product()  # warm-up
+            end = time.perf_counter() + seconds / len(products)
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                product()
+                best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best

@@ -81,8 +81,8 @@ class KVCache:
 
 
 # m * n per head up to which inference takes the explicit steps instead of the fused kernel: the
-# two ran about even at m = n = 256 (B 4, 4 heads of 32, 2 threads, AMD Zen 4), the explicit steps
-# 2-4x faster at decoding's m of 1 to 10 queries.
+# two ran about even at m = n = 256 (B 4, 4 heads of 32, 2 threads, AMD EPYC), the explicit steps
+# 1.3x to 4x faster at decoding's m of 1 to 10 queries.
 SHORT_ATTENTION = 128 * 128
 
 
@@ -116,7 +116,7 @@ def scaled_dot_product_attention(
     the explicit four steps (matmul, scale, softmax, matmul). Weights need the explicit steps. By
     default (None) the fused kernel runs, except without gradients on short inputs (``m * n`` at
     most ``SHORT_ATTENTION`` per head): a decoding step's few queries, which the explicit steps
-    compute 2-4x faster on a CPU (``benchmarks/attention.py``, "decoding shapes").
+    computed 1.3x to 4x faster on this project's 2-core CPU (a side measurement of 2026-11-25).
     """
     m, n = q.size(-2), k.size(-2)
     if fused is None:
