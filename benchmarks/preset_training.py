@@ -153,6 +153,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
             opt.step()
         return _measure(step, batches)
 
+    onednn = kernels.prefer_onednn(True)  # each row sets its own; put back afterwards
     samples: dict[str, list[dict]] = {key: [] for key, _, _ in chosen}
     for repeat in range(repeats):
         for key, _, flags in chosen:
@@ -167,7 +168,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
             log(f"training preset, repeat {repeat + 1}/{repeats}, {key}: {timed / sample['seconds']:.2f} steps/s, "
                 f"{sample['faults'] / timed:.0f} faults/step, system {100 * sample['system_share']:.1f}%, load {load:.2f}")
     speed.tune_allocator()
-    kernels.prefer_onednn(True)
+    kernels.prefer_onednn(onednn)
     table = []
     for key, label, _ in chosen:
         s = samples[key]

@@ -8,7 +8,7 @@ vendor, ran the model's products at 2-2.3x that (one core; 1.6-1.8x on two).
 ``Linear`` is ``nn.Linear`` with that choice made at each call: oneDNN for fp32 on the CPU (outside
 autocast, whose casts happen in ``F.linear``'s dispatch), with the input's gradient on oneDNN too
 (``_OneDNNLinear``: PyTorch gives its op no backward), ``F.linear`` everywhere else (a GPU, bf16,
-int8). The two differ only in the order of their additions (a few ulps); ``tests/test_kernels.py``
+int8, and products of fewer than ``MIN_OUTPUTS`` outputs, where oneDNN's call costs more than it saves). The two differ only in the order of their additions (a few ulps); ``tests/test_kernels.py``
 checks them against each other. ``prefer_onednn(False)`` (``--train onednn=false``) goes back to
 ``F.linear`` for the whole process.
 """
@@ -39,8 +39,8 @@ def onednn_available() -> bool:
 
 
 def prefer_onednn(on: bool) -> bool:
-    """Use oneDNN for fp32 CPU inference (``on``, the default) or ``F.linear`` always; returns the
-    previous setting (benchmarks compare the two)."""
+    """Use oneDNN for fp32 on the CPU, in training and inference (``on``, the default), or ``F.linear``
+    always; process-wide; returns the previous setting (benchmarks compare the two)."""
     global _prefer_onednn
     previous, _prefer_onednn = _prefer_onednn, on
     return previous
@@ -115,8 +115,8 @@ def _use_onednn(x: Tensor, weight: Tensor) -> bool:
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x W^T + b, like ``F.linear``: (..., in) -> (..., out). oneDNN computes it (and its gradients)
-    for fp32 on the CPU where this PyTorch has it."""
+    """x W^T + b, like ``F.linear``: (..., in) -> (..., out). oneDNN computes it (and its input
+    gradient) for fp32 on the CPU where this PyTorch has it and the product is large enough."""
     if not _use_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):

@@ -83,7 +83,7 @@ class TrainConfig:
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
     fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
-    onednn: bool = True  # CPU: fp32 linear layers (and their gradients) on oneDNN instead of MKL (qkv.kernels)
+    onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.kernels)
 
     def __post_init__(self) -> None:
         if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
