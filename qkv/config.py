@@ -1,13 +1,19 @@
 """Typed, frozen configuration for qkv, with named presets.
 
-Every config is a frozen dataclass validated in ``__post_init__``. ``from_dict`` rejects unknown
-keys with a "did you mean" hint, so a typo in a JSON config or a checkpoint fails loudly.
+Every config is a frozen dataclass validated in ``__post_init__``: first every field against its
+annotation (``check_types``), then the ranges. ``from_dict`` rejects unknown keys with a "did you
+mean" hint, so a typo in a JSON config or a checkpoint fails loudly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
+import numbers
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -28,11 +34,93 @@ def _did_you_mean(name: str, choices: list[str]) -> str:
 
 def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
     """Build ``cls`` from a plain dict, rejecting keys the dataclass does not have."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {cls.__name__} must be a table of keys and values, got {_short(data)}")
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     for key in data:
         if key not in names:
             raise ConfigError(f"unknown {cls.__name__} key {key!r}{_did_you_mean(key, names)}")
     return cls(**data)
+
+
+_WRONG = object()  # what _checked returns for a value of the wrong type
+
+
+@functools.cache
+def _annotations(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_types(config: Any, section: str) -> None:
+    """Check every field of the dataclass ``config`` against its annotation, wherever the value came
+    from (flags, a TOML file, a checkpoint's config.json, an imported model), and normalise it in place:
+    an integer for a float field becomes a float, so equal configs are saved alike.
+
+    Annotations understood: int, float (finite), bool, str, Literal[...], ``X | None`` and Any. bool
+    is not an int, and a string is not a number. Raises a one-line ConfigError naming ``section``'s key.
+    """
+    for field in dataclasses.fields(config):
+        kind, value = _annotations(type(config))[field.name], getattr(config, field.name)
+        checked = _checked(kind, value)
+        if checked is _WRONG:
+            raise ConfigError(f"{section} key {field.name} must be {_describe(kind)}, got {_short(value)}")
+        if checked is not value:
+            object.__setattr__(config, field.name, checked)  # the dataclass is frozen
+
+
+def _checked(kind: Any, value: Any) -> Any:
+    """``value`` as a ``kind`` (converted where that loses nothing), or _WRONG."""
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return value if any(type(value) is type(choice) and value == choice for choice in typing.get_args(kind)) else _WRONG
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None:
+            return None if type(None) in typing.get_args(kind) else _WRONG
+        for arg in typing.get_args(kind):
+            checked = _checked(arg, value)
+            if checked is not _WRONG:
+                return checked
+        return _WRONG
+    if kind is Any:
+        return value
+    if kind is bool:
+        return value if isinstance(value, bool) else _WRONG
+    if kind is str:
+        return value if isinstance(value, str) else _WRONG
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            return _WRONG
+        return value if type(value) is int else int(value)
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return _WRONG
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            return _WRONG
+        if not math.isfinite(number):
+            return _WRONG
+        return value if type(value) is float else number
+    if kind is type(None):
+        return value if value is None else _WRONG
+    raise TypeError(f"check_types has no rule for the annotation {kind!r}")  # a new kind of field: teach it
+
+
+def _describe(kind: Any) -> str:
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        names = [str(choice) for choice in typing.get_args(kind)]
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(kind)
+        return " or ".join(_describe(arg) for arg in args if arg is not type(None)) + (" or null" if type(None) in args else "")
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}[kind]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr(value) on one line and at most ``limit`` characters: an error message stays one line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -71,6 +159,7 @@ class ModelConfig:
     pad_id: int = 0  # read from the tokenizer when a model is built for data
 
     def __post_init__(self) -> None:
+        check_types(self, "model")
         positive = ["src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"]
         for name in positive:
             if getattr(self, name) <= 0:
@@ -90,10 +179,8 @@ class ModelConfig:
         for name in ["dropout", "attention_dropout"]:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.activation not in ("relu", "gelu", "silu"):
-            raise ConfigError(f"activation must be relu, gelu or silu, got {self.activation!r}")
-        if self.position_layout not in ("interleaved", "split"):
-            raise ConfigError(f"position_layout must be interleaved or split, got {self.position_layout!r}")
+        if self.layer_norm_eps <= 0:
+            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if self.d_model % 2:
             raise ConfigError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:

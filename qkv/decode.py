@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.config import config_from_dict
+from qkv.config import ConfigError, check_types, config_from_dict
 from qkv.model import Transformer
 
 
@@ -41,16 +41,19 @@ class DecodeConfig:
     seed: int = 0  # with the same seed, a sentence gets the same sample, however it is batched
 
     def __post_init__(self) -> None:
+        check_types(self, "decode")
         if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+            raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
         if self.sampling and self.beam_size != 1:
-            raise ValueError(f"sampling draws one translation per sentence: beam_size must be 1, got {self.beam_size}")
+            raise ConfigError(f"sampling draws one translation per sentence: beam_size must be 1, got {self.beam_size}")
         if self.temperature <= 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need temperature > 0, top_k >= 0 and 0 < top_p <= 1")
+            raise ConfigError("need temperature > 0, top_k >= 0 and 0 < top_p <= 1")
         if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+            raise ConfigError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
         if self.length_penalty < 0:
-            raise ValueError(f"length_penalty must be >= 0, got {self.length_penalty}")
+            raise ConfigError(f"length_penalty must be >= 0, got {self.length_penalty}")
+        if self.max_len_a < 0:
+            raise ConfigError(f"max_len_a must be >= 0, got {self.max_len_a}")
 
     @classmethod
     def from_dict(cls, data: dict) -> DecodeConfig:

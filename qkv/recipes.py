@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from qkv.config import ModelConfig, _did_you_mean, config_from_dict, model_preset
+from qkv.config import ConfigError, ModelConfig, _did_you_mean, check_types, config_from_dict, model_preset
 from qkv.data import ParallelCorpus, load_multi30k, read_parallel, read_tsv
 
 
@@ -37,14 +37,18 @@ class DataConfig:
     valid_limit: int = 0
 
     def __post_init__(self) -> None:
-        if self.corpus not in ("multi30k", "files"):
-            raise ValueError(f"corpus must be multi30k or files, got {self.corpus!r}")
+        check_types(self, "data")
         if self.corpus == "files" and not self.train_src:
-            raise ValueError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
+            raise ConfigError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
         if self.vocab_size < 16:
-            raise ValueError(f"vocab_size must be >= 16, got {self.vocab_size}")
+            raise ConfigError(f"vocab_size must be >= 16, got {self.vocab_size}")
+        if self.max_len < 1:
+            raise ConfigError(f"max_len must be >= 1, got {self.max_len}")
+        for name in ("train_limit", "valid_limit"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0: all), got {getattr(self, name)}")
         if not 0 <= self.subword_dropout < 1:
-            raise ValueError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
+            raise ConfigError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class TrainConfig:
     bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
-    decay: str = "inverse_sqrt"  # after warm-up: "inverse_sqrt" (the paper's 1/sqrt(step)) or "none" (the peak held)
+    decay: Literal["inverse_sqrt", "none"] = "inverse_sqrt"  # after warm-up: "inverse_sqrt" (the paper's 1/sqrt(step)) or "none" (the peak held)
     cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0
     beta1: float = 0.9
     beta2: float = 0.98  # the paper's
@@ -86,31 +90,33 @@ class TrainConfig:
     onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.kernels)
 
     def __post_init__(self) -> None:
+        if isinstance(self.time_budget, str):  # a duration, as --time-budget takes it: "90s", "45m", "1.5h"
+            try:
+                object.__setattr__(self, "time_budget", parse_duration(self.time_budget))
+            except ValueError:
+                raise ConfigError(
+                    f"train key time_budget must be a number of seconds or a duration such as 90s, 45m or 1.5h, got {self.time_budget!r}"
+                ) from None
+        check_types(self, "train")
         if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
-            raise ValueError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.on_nan not in ("skip", "stop"):
-            raise ValueError(f"on_nan must be skip or stop, got {self.on_nan!r}")
+            raise ConfigError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
+        for name in ("label_smoothing", "beta1", "beta2", "ema"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")
+        for name in ("eps", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("accumulate", "max_epochs", "valid_beam"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.average_last < 1 or self.keep_last < self.average_last:
-            raise ValueError("need 1 <= average_last <= keep_last")
-        if self.accumulate < 1:
-            raise ValueError(f"accumulate must be >= 1, got {self.accumulate}")
-        if self.decay not in ("inverse_sqrt", "none"):
-            raise ValueError(f"decay must be inverse_sqrt or none, got {self.decay!r}")
+            raise ConfigError("need 1 <= average_last <= keep_last")
         if not 0 <= self.cooldown <= 1:
-            raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
-        if self.adam not in ("fused", "foreach", "for"):
-            raise ValueError(f"adam must be fused, foreach or for, got {self.adam!r}")
-        if not 0 <= self.ema < 1:
-            raise ValueError(f"ema must be in [0, 1) (0: no EMA), got {self.ema}")
-        if self.measure_steps < 0:
-            raise ValueError(f"measure_steps must be >= 0, got {self.measure_steps}")
+            raise ConfigError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if self.time_budget and self.cooldown == 1:
-            raise ValueError(
+            raise ConfigError(
                 "cooldown must be < 1 with a time budget: the updates timed to plan the run come before its length is known"
             )
-
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
 def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:
     """A training preset with overrides applied (unknown keys are rejected with a hint)."""
     if preset not in TRAIN_PRESETS:
-        raise ValueError(f"unknown training preset {preset!r}{_did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
+        raise ConfigError(f"unknown training preset {preset!r}{_did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
     p = TRAIN_PRESETS[preset]
     return (
         model_preset(p.model, **{**dict(p.model_overrides), **model}),
@@ -178,7 +184,7 @@ def parse_duration(text: str) -> float:
             return float(text[:-1]) * units[text[-1]]
         return float(text)
     except ValueError:
-        raise ValueError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
+        raise ConfigError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
@@ -187,7 +193,7 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise ValueError(f"expected KEY=VALUE, got {pair!r}")
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r}")
         try:
             out[key.strip().replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:
@@ -204,19 +210,19 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         import tomllib  # Python 3.11+
     except ImportError:
-        raise ValueError("--config needs Python 3.11 or newer (tomllib)") from None
+        raise ConfigError("--config needs Python 3.11 or newer (tomllib)") from None
     path = Path(path)
     try:
         config = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"config file {path} does not exist") from None
+        raise ConfigError(f"config file {path} does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not valid TOML: {error}") from None
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
     for key, value in config.items():
         if key not in CONFIG_FILE_KEYS:
-            raise ValueError(f"{path}: unknown key {key!r}{_did_you_mean(key, list(CONFIG_FILE_KEYS))}; a config file holds {', '.join(CONFIG_FILE_KEYS)}")
+            raise ConfigError(f"{path}: unknown key {key!r}{_did_you_mean(key, list(CONFIG_FILE_KEYS))}; a config file holds {', '.join(CONFIG_FILE_KEYS)}")
         if key == "preset" and not isinstance(value, str) or key != "preset" and not isinstance(value, dict):
-            raise ValueError(f"{path}: {key!r} must be {'a string' if key == 'preset' else 'a table, [' + key + ']'}")
+            raise ConfigError(f"{path}: {key!r} must be {'a string' if key == 'preset' else 'a table, [' + key + ']'}")
     return config
 
 
@@ -256,7 +262,7 @@ def fine_tuning_model(parent: ModelConfig, overrides: dict[str, Any]) -> ModelCo
     regularization may change; any other override would not fit the parent's weights."""
     fixed = sorted(key for key, value in overrides.items() if key not in FINE_TUNING_OVERRIDES and getattr(parent, key, None) != value)
     if fixed:
-        raise ValueError(
+        raise ConfigError(
             f"--init-from keeps the checkpoint's model: --model {fixed[0]} cannot change "
             f"(it is {getattr(parent, fixed[0], 'not a model key')!r} there; only {', '.join(FINE_TUNING_OVERRIDES)} may)"
         )

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from qkv import checkpoint, distributed, kernels, speed, validation
-from qkv.config import ModelConfig, config_from_dict
+from qkv.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.devices import resolve_device
 from qkv.ema import WeightEMA
@@ -41,8 +41,11 @@ from qkv.rundir import RunLog, check_tensorboard, clear_run, plot_curves, step_d
 from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import Tokenizer, load_tokenizer
 
-# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on the others.
-FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed")
+# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
+# and seed, and the last two change the numbers an exact resume repeats (dropout's draws, oneDNN's rounding).
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn")
+# Settings a resumed run may change (tests/test_speed.py), though its numbers then differ from an uninterrupted run's.
+NOT_BITWISE_ON_RESUME = ("adam",)
 
 
 class HeldPeakWarning(UserWarning):
@@ -159,23 +162,25 @@ class Trainer:
     ) -> Trainer:
         """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position.
 
-        Overrides that could not take effect are refused (ValueError): Adam's betas, eps and weight
-        decay come back with its saved state, and max_tokens and seed made the epochs' batches that
-        the saved position counts into. A new time_budget is planned again into a step count.
+        Overrides that could not take effect are refused (ConfigError): Adam's betas, eps and weight
+        decay come back with its saved state, max_tokens and seed made the epochs' batches that the
+        saved position counts into, and fast_dropout and onednn would change the numbers an exact
+        resume repeats. A new adam kernel is taken, with a warning: the run is then not bitwise equal
+        to an uninterrupted one. A new time_budget is planned again into a step count.
         """
         last = checkpoint.resolve(Path(run_dir) / "last")
         config = checkpoint.read_config(last)  # verifies last/ first
         saved = config_from_dict(TrainConfig, config["train"])
-        fixed = [
-            f"{key} ({getattr(saved, key)} -> {value})" for key, value in train_overrides.items()
-            if key in FIXED_ON_RESUME and value != getattr(saved, key)
-        ]  # fmt: skip
+        train = config_from_dict(TrainConfig, {**config["train"], **train_overrides})  # the overrides' types checked
+        fixed = [f"{key} ({getattr(saved, key)} -> {getattr(train, key)})" for key in FIXED_ON_RESUME if getattr(train, key) != getattr(saved, key)]
         if fixed:
-            raise ValueError(
-                f"--resume cannot change {', '.join(fixed)}: Adam's saved state and the order of the batches depend "
-                "on them; start a new run with --out to train with other values"
+            raise ConfigError(
+                f"--resume cannot change {', '.join(fixed)}: Adam's saved state, the order of the batches and the numbers "
+                "of an exact resume depend on them; start a new run with --out to train with other values"
             )
-        train = config_from_dict(TrainConfig, {**config["train"], **train_overrides})
+        changed = [f"{key} {getattr(saved, key)} -> {getattr(train, key)}" for key in NOT_BITWISE_ON_RESUME if getattr(train, key) != getattr(saved, key)]
+        if changed and distributed.current().is_main:
+            warnings.warn(f"--resume with {', '.join(changed)}: the resumed run will not be bitwise equal to an uninterrupted one", stacklevel=2)
         # The run's tokenizer.model is in no manifest: take the verified copy in last/ instead.
         tokenizer_path, saved_tokenizer = Path(run_dir) / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
         if distributed.current().is_main and (not tokenizer_path.is_file() or tokenizer_path.read_bytes() != saved_tokenizer):
