@@ -19,9 +19,13 @@ against the config before any model memory is allocated.
 Writing goes to ``NAME.tmp/`` (each file and the directory fsynced), then ``NAME`` is moved aside to
 ``NAME.old/``, ``NAME.tmp/`` renamed into place and the parent fsynced, and only then is
 ``NAME.old/`` deleted. A crash between the two renames leaves ``NAME.old/``, which ``resolve`` loads
-and the next save puts back before anything is deleted. A lock on the parent directory keeps two
-processes from writing into the same ``NAME.tmp/``. Only directories that hold nothing but
-checkpoint files are ever replaced or deleted.
+(with a warning) and the next save deletes once the new copy is in place. A lock on the parent
+directory keeps two processes from writing into the same ``NAME.tmp/``.
+
+Only what qkv can prove it wrote is ever deleted: ``NAME.tmp/`` and ``NAME.old/`` hold a marker file,
+``.qkv-save``, from the moment qkv makes them, and a sibling without it (a user's ``mv ckpt ckpt.old``)
+is never deleted, replaced or loaded in place of ``NAME``. A checkpoint itself is replaced only when
+it holds nothing but checkpoint files.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import re
 import shutil
 import stat
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +60,7 @@ FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 MANIFEST = "manifest.json"
+MARKER = ".qkv-save"  # inside NAME.tmp/ and NAME.old/ while qkv writes or replaces NAME: proof they are qkv's
 REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
 FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, MANIFEST))  # all a checkpoint may hold
 MAX_MANIFEST_BYTES = 1 << 20
@@ -75,19 +81,42 @@ class Checkpoint:
 
 
 def resolve(path: str | Path) -> Path:
-    """The checkpoint directory for ``path``: the directory itself, or a run's ``final``/``best``/``last``."""
+    """The checkpoint directory for ``path``: the directory itself, or a run's ``final``/``best``/``last``.
+
+    When ``path`` is missing because a save was interrupted between its two renames, the whole
+    previous copy that qkv moved aside (``NAME.old/`` with qkv's marker) is returned, with a warning.
+    A ``NAME.old/`` without the marker is someone's backup and is never taken for ``NAME``.
+    """
     path = Path(path)
     previous = _old(path)
-    if not path.exists() and (previous / CONFIG).exists():
-        return previous  # a crash came between the two renames of _publish: the old one is whole
+    if not path.exists() and _moved_aside(previous):
+        warnings.warn(f"{path} is missing: using {previous}, the copy an interrupted save left", CheckpointWarning, stacklevel=2)
+        return previous
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
     if (path / CONFIG).exists() or (path / WEIGHTS).exists() or (path / MANIFEST).exists():
         return path
     for name in ("final", "best", "last"):
-        if (path / name / CONFIG).exists() or (_old(path / name) / CONFIG).exists():
+        if (path / name / CONFIG).exists() or _moved_aside(_old(path / name)):
             return resolve(path / name)
     raise CheckpointError(f"{path} is not a checkpoint directory (no {CONFIG} or {WEIGHTS} in it)")
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was found in an unusual state that qkv could still use (an interrupted save)."""
+
+
+def is_save_residue(path: Path) -> bool:
+    """True for a ``NAME.tmp/`` or ``NAME.old/`` that qkv made: checkpoint files and qkv's marker
+    (or nothing at all: a save killed between making the directory and marking it)."""
+    if not is_checkpoint_dir(path):
+        return False
+    return (path / MARKER).is_file() or not any(path.iterdir())
+
+
+def _moved_aside(old: Path) -> bool:
+    """True when ``old`` is a whole checkpoint that qkv moved aside during a save."""
+    return is_save_residue(old) and (old / MARKER).is_file() and (old / CONFIG).is_file()
 
 
 def _old(path: Path) -> Path:
@@ -115,7 +144,7 @@ def is_checkpoint_dir(path: Path) -> bool:
     replace or delete. A user's directory with any other file in it is never one."""
     if path.is_symlink() or not path.is_dir():
         return False
-    return all(p.name in FILES and not p.is_dir() for p in path.iterdir())
+    return all(p.name in FILES | {MARKER} and p.is_file() and not p.is_symlink() for p in path.iterdir())
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -134,7 +163,7 @@ def _write_manifest(directory: Path) -> None:
     files = {
         f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
         for f in sorted(directory.iterdir())
-        if f.name != MANIFEST
+        if f.name not in (MANIFEST, MARKER)
     }
     _write_json(directory / MANIFEST, {"format": FORMAT_VERSION, "files": files})
 
@@ -194,11 +223,16 @@ def verify(directory: str | Path) -> None:
     """Check every file against ``manifest.json``; raise CheckpointError naming the first that differs.
 
     A directory without a valid manifest is refused, as is one whose manifest names anything but
-    checkpoint files or whose files are symlinks or special files.
+    checkpoint files, leaves out a checkpoint file the directory holds, or whose files are symlinks or
+    special files.
     """
     directory = Path(directory)
     hint = _other_checkpoints(directory)
-    for name, entry in _manifest(directory, hint).items():
+    files = _manifest(directory, hint)
+    unlisted = sorted(name for name in FILES - {MANIFEST} - set(files) if os.path.lexists(directory / name))
+    if unlisted:  # it could not be verified, and a later step (--resume) would read it
+        raise CheckpointError(f"{directory / unlisted[0]} is not in the checkpoint's manifest, so it cannot be verified: refused{hint}")
+    for name, entry in files.items():
         file = directory / name
         size = _regular_file(file, hint).st_size
         if size != entry["bytes"]:
@@ -242,12 +276,21 @@ def _locked(parent: Path) -> Iterator[None]:
 
 
 def _remove_ours(path: Path) -> None:
-    """Delete ``path`` only if it is a directory of checkpoint files; anything else is the user's."""
+    """Delete the ``NAME.tmp/`` or ``NAME.old/`` directory ``path`` only if qkv made it (``is_save_residue``);
+    anything else there is the user's, and the save stops before touching it."""
     if not path.exists() and not path.is_symlink():
         return
-    if not is_checkpoint_dir(path):
-        raise CheckpointError(f"{path} is in the way and is not a qkv checkpoint: move it and try again")
+    if not is_save_residue(path):
+        raise CheckpointError(
+            f"{path} is in the way and qkv did not write it (no {MARKER} marker in it): move it and try again"
+        )
     shutil.rmtree(path)
+
+
+def _mark(directory: Path) -> None:
+    """Put qkv's marker into ``directory`` (durably) before it is renamed to ``NAME.tmp``/``NAME.old``."""
+    (directory / MARKER).write_text("written by qkv while saving a checkpoint; safe to delete with this directory\n")
+    _fsync(directory / MARKER)
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -261,15 +304,16 @@ def _publish(tmp: Path, final: Path) -> None:
     if final.exists() or final.is_symlink():
         if not is_checkpoint_dir(final):
             raise CheckpointError(f"refusing to replace {final}: it is not a qkv checkpoint")
-        _remove_ours(old)  # a stale copy: final is whole
+        _remove_ours(old)  # a stale copy of ours (final is whole); a user's backup stops the save here
+        _mark(final)  # so that the copy moved aside is provably qkv's
         os.replace(final, old)
-    elif old.exists():
-        # An earlier crash came between the renames: old is the only whole copy. Keep it until the
-        # new one is in place (it is deleted below, after the parent is fsynced).
-        pass
+    # else, if old is ours, an earlier crash came between the renames: old is the only whole copy.
+    # It stays until the new one is in place (deleted below, after the parent is fsynced).
     os.replace(tmp, final)
     _fsync(final.parent)  # make the renames durable before the old copy goes
-    _remove_ours(old)
+    (final / MARKER).unlink()  # it came with tmp; final is a plain checkpoint again
+    if _moved_aside(old):
+        shutil.rmtree(old)  # never a user's NAME.old: that one has no marker
 
 
 def save(
@@ -301,6 +345,7 @@ def save(
         _remove_ours(tmp)  # left by a crash: no other process is writing it (we hold the lock)
         tmp.mkdir()
         try:
+            _mark(tmp)
             _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors)
             _publish(tmp, directory)
         except BaseException:

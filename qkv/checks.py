@@ -208,8 +208,8 @@ def check_resume_exactness(workdir: str | None = None, *, steps: int = 60, seed:
         whole, killed = root / "whole", root / "killed"
         if launch([*base, "--out", str(whole)], "whole.log").wait() != 0:
             return CheckResult(name, False, f"the uninterrupted run failed: {(root / 'whole.log').read_text()[-500:]}")
-        # Kill once a random checkpoint (not the last) is on disk, a random moment after it.
-        kill_after = random.Random().randrange(eval_every, steps, eval_every)
+        # Kill once a random checkpoint (at least two before the last) is on disk, a random moment after it.
+        kill_after = random.Random().randrange(eval_every, max(steps - eval_every, eval_every + 1), eval_every)
         process = launch([*base, "--out", str(killed)], "killed.log")
         while saved_step(killed) < kill_after and process.poll() is None:
             time.sleep(0.01)
@@ -219,6 +219,8 @@ def check_resume_exactness(workdir: str | None = None, *, steps: int = 60, seed:
         process.send_signal(signal.SIGKILL)
         process.wait()
         resumed_from = saved_step(killed)
+        if not 0 < resumed_from < steps:  # killed before its first checkpoint, or after its last: nothing to resume
+            return CheckResult(name, False, f"the kill came at saved step {resumed_from} of {steps}: nothing was resumed; use more steps")
         resume = [sys.executable, "-m", "qkv", "train", "--resume", str(killed), "--no-progress"]
         if launch(resume, "resumed.log").wait() != 0:
             return CheckResult(name, False, f"the resumed run failed: {(root / 'resumed.log').read_text()[-500:]}")

@@ -67,16 +67,16 @@ def _score_args(p: argparse.ArgumentParser) -> None:
 def score_command(args: argparse.Namespace) -> int:
     from qkv import checkpoint
     from qkv.data import read_parallel
-    from qkv.outputs import check_output, output_or_stdout
+    from qkv.outputs import check_output, output_or_stdout, read_dirs
     from qkv.score import perplexity, score_pairs
 
-    inputs = (args.input, args.reference)
+    inputs, reads = (args.input, args.reference), read_dirs([args.checkpoint])
     if args.output:
-        check_output(args.output, force=args.force, inputs=inputs)
+        check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
     pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
     scores = score_pairs(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, max_tokens=args.batch_tokens)
-    with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
+    with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(s.line(tokens=args.tokens) + "\n" for s in scores)
     tokens = sum(s.n_tokens for s in scores)
     print(f"scored {len(scores)} pairs, {tokens} target tokens (EOS included): perplexity {perplexity(scores):.3f}", file=sys.stderr)
@@ -102,11 +102,11 @@ def align_command(args: argparse.Namespace) -> int:
     from qkv import checkpoint
     from qkv.align import align, pharaoh
     from qkv.data import read_lines, read_parallel
-    from qkv.outputs import check_output, output_or_stdout
+    from qkv.outputs import check_output, output_or_stdout, read_dirs
 
-    inputs = (args.input, args.reference)
+    inputs, reads = (args.input, args.reference), read_dirs([args.checkpoint])
     if args.output:
-        check_output(args.output, force=args.force, inputs=inputs)
+        check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
     cfg = loaded.model.config
     if not 1 <= abs(args.layer) <= cfg.n_decoder_layers or args.layer == 0:
@@ -123,7 +123,7 @@ def align_command(args: argparse.Namespace) -> int:
         head=None if args.head is None else args.head - 1, config=_decode_config(args),
         max_tokens=args.batch_tokens, pieces=args.pieces,
     )
-    with output_or_stdout(args.output, force=args.force, inputs=inputs) as sink:
+    with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)
     return 0
 
@@ -144,14 +144,15 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
 @command("attend", "translate a sentence and draw its attention (PNG and interactive HTML), with a word alignment", _attend_args)
 def attend(args: argparse.Namespace) -> int:
     from qkv import checkpoint
-    from qkv.outputs import check_output, output_file
+    from qkv.outputs import check_output, output_file, read_dirs
     from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
 
     if args.trace and Path(args.trace).resolve() == Path(args.out).resolve():
         raise ValueError("--trace and --out name the same files (OUT.png, OUT.html): give them different names")
+    reads = read_dirs([args.checkpoint])
     for path in (f"{args.out}.png", f"{args.out}.html", args.json, *trace_paths(args.trace)):
         if path:
-            check_output(path, force=args.force)
+            check_output(path, force=args.force, reads=reads)
     loaded = checkpoint.load(args.checkpoint, device=_device(args))
     capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args))
     n_layers = capture.weights(args.kind).size(0)

@@ -73,7 +73,8 @@ def train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.cli import _device
     from qkv import distributed
-    from qkv.rundir import check_new_run
+    from qkv.outputs import check_apart, read_dirs
+    from qkv.rundir import check_new_run, run_entries
     from qkv.stopping import StopRequested
     from qkv import checkpoint
     from qkv.devices import describe
@@ -81,6 +82,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.train import Trainer, build_configs
 
     device = None if ctx.enabled else _device(args)  # torchrun gives each process its device
+    if args.tensorboard:  # its event files may not land in a checkpoint the run reads or writes
+        run = args.resume or args.out
+        check_apart(args.tensorboard, [*read_dirs([args.init_from]), *(run_entries(Path(run)) if run else [])],
+                    flag="--tensorboard", replaced=False)
     train_overrides = parse_overrides(args.train)
     for key, value in [
         ("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed),
@@ -114,6 +119,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
             _check_resume_agrees(args.resume, configs[0], configs[2], given=given)
         trainer = Trainer.resume(args.resume, device=device, tensorboard=args.tensorboard, **train_overrides)
     else:
+        if args.init_from and args.out:  # --overwrite must never delete the checkpoint it fine-tunes from
+            check_apart(args.out, read_dirs([args.init_from]))
         file = read_config_file(args.config) if args.config else {}
         preset = args.preset or file.get("preset", "multi30k")
         model = {**file.get("model", {}), **parse_overrides(args.model)}

@@ -1,9 +1,12 @@
 """A run directory: its log, its curves, its step checkpoints, and what qkv may delete in it.
 
-A run directory holds ``log.jsonl`` (one JSON object per event), ``curves.png``, ``tokenizer.model``,
-``last/`` (the newest checkpoint, resumable), ``step-NNNNNN/`` (the last few, for averaging), ``best/``
-and ``final/``, each possibly with a ``.tmp``/``.old`` twin while it is being replaced. Nothing else
-in the directory is qkv's, and ``--overwrite`` deletes only these.
+A run directory holds ``qkv-run.json`` (the run marker, written before anything else), ``log.jsonl``
+(one JSON object per event), ``curves.png``, ``tokenizer.model``, ``last/`` (the newest checkpoint,
+resumable), ``step-NNNNNN/`` (the last few, for averaging), ``best/`` and ``final/``, each possibly
+with a ``.tmp``/``.old`` twin (marked as qkv's) while it is being replaced. A directory is a run only
+when its marker says so (or, for runs made before the marker existed, its log starts with qkv's start
+event), never because its file names look like qkv's; nothing else in it is qkv's, and
+``--overwrite`` deletes only these.
 """
 
 from __future__ import annotations
@@ -19,42 +22,60 @@ from typing import Any
 from qkv import checkpoint
 from qkv.checkpoint import step_dirs  # by step number: step-1000000 after step-999999
 
-LOG, CURVES = "log.jsonl", "curves.png"
-QKV_FILES = (LOG, CURVES, checkpoint.TOKENIZER)
+LOG, CURVES, MARKER = "log.jsonl", "curves.png", "qkv-run.json"
+QKV_FILES = (LOG, CURVES, checkpoint.TOKENIZER, MARKER)
 # last/, best/, final/, step-NNNNNN/ and their .tmp/.old twins (a save in progress, or interrupted).
 CHECKPOINT_DIR = re.compile(r"(last|best|final|step-\d+)(\.tmp|\.old)?")
-CHECKPOINT_FILES = checkpoint.FILES  # every file qkv writes into a checkpoint directory
+CHECKPOINT_FILES = checkpoint.FILES | {checkpoint.MARKER}  # every file qkv writes into a checkpoint directory
+
+
+def mark_run(directory: Path) -> None:
+    """Make ``directory`` (new or empty) a run: write the marker that ``is_run`` looks for."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / MARKER
+    if not marker.is_file():
+        marker.write_text(json.dumps({"qkv_run": 1, "created": round(time.time(), 3)}) + "\n", encoding="utf-8")
 
 
 def is_run(directory: Path) -> bool:
-    """True when ``directory`` holds a qkv run: a log that starts with qkv's start event, or a checkpoint."""
-    log = directory / LOG
-    if log.is_file():
-        with open(log, encoding="utf-8", errors="replace") as handle:
-            first = handle.readline()
+    """True when ``directory`` holds a qkv run: qkv's run marker, or (a run made before the marker
+    existed) a log whose first line is qkv's start event. Names alone never make a run."""
+    marker = directory / MARKER
+    if marker.is_file() and not marker.is_symlink():
         try:
-            if json.loads(first).get("event") == "start":
+            if json.loads(marker.read_text(encoding="utf-8", errors="replace")).get("qkv_run") == 1:
                 return True
+        except (json.JSONDecodeError, AttributeError, OSError):
+            pass
+    log = directory / LOG
+    if log.is_file() and not log.is_symlink():
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline(4096)
+        try:
+            return json.loads(first).get("event") == "start"
         except (json.JSONDecodeError, AttributeError):
             pass
-    return any(
-        CHECKPOINT_DIR.fullmatch(d.name) and (d / checkpoint.CONFIG).is_file() for d in directory.iterdir() if d.is_dir()
-    )
+    return False
 
 
 def qkv_entries(directory: Path) -> list[Path]:
     """What qkv wrote in ``directory``: its files and checkpoint directories, nothing else.
 
-    A checkpoint-named directory holding a file qkv never writes is not qkv's: ValueError, before
-    anything is deleted.
+    A checkpoint-named directory holding a file qkv never writes is not qkv's, nor is a ``.tmp``/``.old``
+    twin without qkv's marker (a user's backup): ValueError, before anything is deleted.
     """
     entries = []
     for entry in sorted(directory.iterdir()):
-        if entry.is_dir() and not entry.is_symlink() and CHECKPOINT_DIR.fullmatch(entry.name):
+        if entry.is_dir() and not entry.is_symlink() and (match := CHECKPOINT_DIR.fullmatch(entry.name)):
             foreign = [f.name for f in entry.iterdir() if f.name not in CHECKPOINT_FILES or not f.is_file()]
             if foreign:
                 raise ValueError(
                     f"{entry} holds files qkv did not write ({', '.join(sorted(foreign)[:3])}): move them away, "
+                    "or choose another --out"
+                )
+            if match.group(2) and not checkpoint.is_save_residue(entry):
+                raise ValueError(
+                    f"{entry} was not left by a qkv save (no {checkpoint.MARKER} marker in it): move it away, "
                     "or choose another --out"
                 )
             entries.append(entry)
@@ -63,13 +84,20 @@ def qkv_entries(directory: Path) -> list[Path]:
     return entries
 
 
+def run_entries(directory: Path) -> list[Path]:
+    """The paths in ``directory`` that qkv writes when it is a run (its checkpoints, log, tokenizer,
+    marker), whether or not they exist yet: what an output of the user's must stay out of."""
+    names = [*QKV_FILES, *(f"{n}{twin}" for n in ("last", "best", "final") for twin in ("", ".tmp", ".old"))]
+    steps = [e for e in directory.iterdir() if CHECKPOINT_DIR.fullmatch(e.name)] if directory.is_dir() else []
+    return [directory / name for name in names] + steps
+
+
 def check_new_run(out: Path, *, overwrite: bool) -> str | None:
     """Why ``out`` cannot take a new run (a one-line message), or None when it can.
 
     An existing run is continued with ``--resume``, or started over with ``--overwrite``; a non-empty
-    directory that is not a qkv run is never used, with or without ``--overwrite``. A directory
-    holding nothing but qkv's names (a run stopped before its first checkpoint, say while its
-    tokenizer was trained) counts as a run.
+    directory that is not a qkv run (``is_run``: the marker decides, not the names of the files) is
+    never used, with or without ``--overwrite``.
     """
     if not out.exists():
         return None
@@ -78,8 +106,7 @@ def check_new_run(out: Path, *, overwrite: bool) -> str | None:
     entries = list(out.iterdir())
     if not entries:
         return None
-    only_qkv_names = all(e.name in QKV_FILES or CHECKPOINT_DIR.fullmatch(e.name) for e in entries)
-    if not (only_qkv_names or is_run(out)):
+    if not is_run(out):
         return f"--out {out} is not empty and holds no qkv run: choose a new or empty directory"
     if not overwrite:
         if any((out / name / checkpoint.CONFIG).is_file() for name in ("last", "last.old")):
@@ -118,11 +145,12 @@ class RunLog:
     dropped (with a warning) when the log is opened again, so that the run can be resumed.
     """
 
-    def __init__(self, path: Path, *, enabled: bool = True, tensorboard: str | Path | None = None) -> None:
+    def __init__(self, path: Path, *, enabled: bool = True, writer: Any = None) -> None:
+        """``writer``: a TensorBoard ``SummaryWriter`` (``open_tensorboard``) that also gets the numbers."""
         self.path = path
         self.enabled = enabled
         self.records: list[dict[str, Any]] = []
-        self.tensorboard = open_tensorboard(tensorboard) if tensorboard and enabled else None
+        self.tensorboard = writer if enabled else None
         if not enabled or not path.exists():  # other ranks never read the records
             return
         data = path.read_bytes()
@@ -166,20 +194,14 @@ class RunLog:
 
 def open_tensorboard(directory: str | Path):
     """A TensorBoard ``SummaryWriter`` for ``--tensorboard DIR`` (the optional tensorboard package)."""
-    return _summary_writer()(str(directory))
-
-
-def check_tensorboard() -> None:
-    """Refuse ``--tensorboard`` without the package, before a run deletes or writes anything."""
-    _summary_writer()
-
-
-def _summary_writer():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise ValueError("--tensorboard needs the tensorboard package: pip install 'qkv[tensorboard]'") from None
-    return SummaryWriter
+    try:
+        return SummaryWriter(str(directory))
+    except OSError as error:
+        raise ValueError(f"--tensorboard {directory}: cannot write there ({error.strerror or error})") from None
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path) -> None:

@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import signal
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -37,15 +38,18 @@ from qkv.ema import WeightEMA
 from qkv.loss import constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
-from qkv.rundir import RunLog, check_tensorboard, clear_run, plot_curves, step_dirs
+from qkv.rundir import RunLog, clear_run, mark_run, open_tensorboard, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
-from qkv.tokenizer import Tokenizer, load_tokenizer
+from qkv.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
 # and seed, and the last two change the numbers an exact resume repeats (dropout's draws, oneDNN's rounding).
 FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn")
 # Settings a resumed run may change (tests/test_speed.py), though its numbers then differ from an uninterrupted run's.
 NOT_BITWISE_ON_RESUME = ("adam",)
+# Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
+# (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).
+INHERITED_CONFIGS = ("marian",)
 
 
 class HeldPeakWarning(UserWarning):
@@ -79,8 +83,9 @@ class Trainer:
         start_over: bool = False, init_from: checkpoint.Checkpoint | None = None, device: torch.device | None = None,
         tensorboard: str | Path | None = None,
     ) -> None:
-        """``start_over``: first delete what qkv wrote in ``run_dir`` (``--overwrite``), once the data
-        has loaded, so that a mistyped file name costs nothing; ``self.deleted`` names what went.
+        """``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data,
+        the tokenizer, the TensorBoard writer and the model have been made, so that a setting that fails
+        costs the old run nothing; ``self.deleted`` names what went.
         ``device``: where a single process trains (default: the first GPU if there is one, else the
         CPU); under torchrun each process takes the device its rank was given. ``tensorboard``: a
         directory where the log's training and validation numbers also go as TensorBoard scalars."""
@@ -93,30 +98,37 @@ class Trainer:
         if train.tune_allocator:  # process-wide, from here on (qkv.speed)
             speed.tune_allocator()
         kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.kernels)
+        # Everything that can fail on the user's settings comes before --overwrite deletes the old run:
+        # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
         self.train_data, self.valid_data = load_corpora(data)
-        if tensorboard and self.dist.is_main:
-            check_tensorboard()  # before --overwrite deletes the old run
-        self.deleted = clear_run(self.run_dir) if start_over and self.dist.is_main and self.run_dir.is_dir() else []
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.log = RunLog(self.run_dir / "log.jsonl", enabled=self.dist.is_main, tensorboard=tensorboard)
+        main = self.dist.is_main
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
-        tokenizer = None
+        tokenizer, new_tokenizer = None, False
         if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
-            tokenizer = init_from.tokenizer
-            if self.dist.is_main:
+            tokenizer, new_tokenizer = init_from.tokenizer, True
+        elif main and (start_over or not tokenizer_path.exists()):
+            with tempfile.TemporaryDirectory(prefix="qkv-tokenizer-") as aside:
+                texts = self.train_data.src + self.train_data.tgt
+                tokenizer = Tokenizer.train(texts, data.vocab_size, Path(aside) / checkpoint.TOKENIZER, seed=train.seed)
+            new_tokenizer = True
+        elif main:  # a resumed run's
+            tokenizer = load_tokenizer(tokenizer_path)
+        writer = open_tensorboard(tensorboard) if tensorboard and main else None
+        model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
+        self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
+        if main:
+            mark_run(self.run_dir)
+            if new_tokenizer:
                 tokenizer.save(tokenizer_path)
-        elif not tokenizer_path.exists() and self.dist.is_main:
-            texts = self.train_data.src + self.train_data.tgt
-            tokenizer = Tokenizer.train(texts, data.vocab_size, tokenizer_path, seed=train.seed)
+        self.log = RunLog(self.run_dir / "log.jsonl", enabled=main, writer=writer)
         distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
-        self.tokenizer = tokenizer or load_tokenizer(tokenizer_path)
-        tok = self.tokenizer
-        self.model_config = model_config.replace(
-            src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id
-        )
-        torch.manual_seed(train.seed)
-        self.model = Transformer(self.model_config).to(self.device)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(tokenizer_path)
+            model = self._new_model(model_config, tokenizer, train.seed)
+        self.tokenizer, self.model = tokenizer, model
+        self.model_config = model.config
         self.init_from = None if init_from is None else str(init_from.path)
+        self.inherited = {key: init_from.config[key] for key in INHERITED_CONFIGS if key in init_from.config} if init_from else {}
         if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
             checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
         self.ema = WeightEMA(self.model, train.ema) if train.ema else None  # from the initial weights
@@ -146,15 +158,21 @@ class Trainer:
             weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)
         )
         self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
-        self.train_ids = encode_corpus(tok, self.train_data, max_len)  # with subword_dropout: epoch_ids
+        self.train_ids = encode_corpus(tokenizer, self.train_data, max_len)  # with subword_dropout: epoch_ids
         self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
-        self.valid_ids = encode_corpus(tok, self.valid_data, max_len)
+        self.valid_ids = encode_corpus(tokenizer, self.valid_data, max_len)
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best_bleu, self.bad_evals = -1.0, 0
         self.planned_steps: int | None = None  # the time budget as a step count, once measured
         self.saved_step: int | None = None  # the step last/ holds, when this process wrote it
         self.stop = StopSignals()  # handles signals only while run() is inside it
+
+    def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int) -> Transformer:
+        """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device."""
+        config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+        torch.manual_seed(seed)
+        return Transformer(config).to(self.device)
 
     @classmethod
     def resume(
@@ -184,11 +202,17 @@ class Trainer:
         # The run's tokenizer.model is in no manifest: take the verified copy in last/ instead.
         tokenizer_path, saved_tokenizer = Path(run_dir) / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
         if distributed.current().is_main and (not tokenizer_path.is_file() or tokenizer_path.read_bytes() != saved_tokenizer):
-            tmp = tokenizer_path.with_name(tokenizer_path.name + ".tmp")
-            tmp.write_bytes(saved_tokenizer)
-            os.replace(tmp, tokenizer_path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{tokenizer_path.name}.", suffix=".tmp", dir=tokenizer_path.parent)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(saved_tokenizer)
+                os.replace(tmp, tokenizer_path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
                       tensorboard=tensorboard)
+        trainer.inherited = {key: config[key] for key in INHERITED_CONFIGS if key in config}
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
@@ -214,7 +238,7 @@ class Trainer:
         return trainer
 
     def configs(self) -> dict[str, Any]:
-        return {"train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__}
+        return {**self.inherited, "train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__}
 
     def save(self, directory: Path, *, resumable: bool = True, rank_rng: list[dict[str, str]] | None = None) -> None:
         """Write a checkpoint of ``self.model``; ``rank_rng``: every rank's generators (distributed runs)."""

@@ -180,7 +180,7 @@ def translate_stream(translator: Translator, source, sink, *, name: str, n_best:
     Interactive input is answered line by line; files and pipes are translated 256 lines at a time.
     With ``n_best`` > 1 each line holds the N best, tab-separated with their scores.
     """
-    chunk = 1 if source.isatty() else 256
+    chunk = 1 if getattr(source, "isatty", lambda: False)() else 256
     buffer: list[str] = []
     for line in input_lines(source, name):
         buffer.append(line)

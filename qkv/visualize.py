@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from qkv.decode import DecodeConfig, search
+from qkv.outputs import output_file
 from qkv.model import Transformer
 from qkv.tokenizer import Tokenizer
 from qkv.translate import collate_sources, suppressed_tokens
@@ -202,9 +203,11 @@ def plot_attention(
     fig.suptitle(f"{label}, layer {layer_no} of {n_layers}\n{capture.source}  ->  {capture.translation}", fontsize=11)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        with output_file(path, force=True, binary=True) as handle:  # whole or not at all; a symlink is replaced
+            fig.savefig(handle, format="png", dpi=90)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -292,6 +295,6 @@ def write_html(capture: AttentionCapture, path: str | Path, *, kind: Kind = "cro
         "layer": layer % n_layers,
     }
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
+    with output_file(path, force=True) as handle:  # whole or not at all; a symlink is replaced, not followed
+        handle.write(page)
     return path

@@ -236,10 +236,52 @@ def test_a_changed_size_is_caught_by_the_manifest(saved):
         checkpoint.load(saved)
 
 
-def test_a_crash_between_the_renames_leaves_the_old_checkpoint_usable(tok, saved):
+def crash_between_the_renames(tok, saved, monkeypatch) -> None:
+    """Save over ``saved`` and die after it was moved aside to NAME.old, before NAME.tmp took its place."""
+    real_replace = os.replace
+
+    def killed_on_the_second_rename(src, dst):
+        if str(src).endswith(".tmp"):
+            raise OSError(errno.EIO, "killed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", killed_on_the_second_rename)
+    with pytest.raises(OSError, match="killed"):
+        checkpoint.save(saved, make_model(tok, seed=5), tok)
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    assert not saved.exists() and saved.with_name(saved.name + ".old").is_dir()
+
+
+def test_a_crash_between_the_renames_leaves_the_old_checkpoint_usable(tok, saved, monkeypatch):
     expected = logits(checkpoint.load(saved).model, tok)
-    saved.rename(saved.with_name(saved.name + ".old"))  # as if killed after moving the old one aside
-    torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
+    crash_between_the_renames(tok, saved, monkeypatch)
+    with pytest.warns(checkpoint.CheckpointWarning, match="the copy an interrupted save left"):  # never silently
+        loaded = checkpoint.load(saved)
+    torch.testing.assert_close(logits(loaded.model, tok), expected, rtol=0, atol=0)
+
+
+def test_a_users_backup_named_old_is_never_loaded_deleted_or_replaced(tok, saved, tmp_path):
+    backup = saved.with_name(saved.name + ".old")
+    saved.rename(backup)  # the user's own `mv ckpt ckpt.old`
+    before = {p.name: p.read_bytes() for p in backup.iterdir()}
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.load(saved)  # not taken for ckpt
+    checkpoint.save(saved, make_model(tok, seed=3), tok)  # a new ckpt beside it
+    assert {p.name: p.read_bytes() for p in backup.iterdir()} == before
+    with pytest.raises(CheckpointError, match=r"ckpt\.old is in the way and qkv did not write it"):
+        checkpoint.save(saved, make_model(tok, seed=4), tok)  # replacing ckpt would need ckpt.old: refused
+    assert {p.name: p.read_bytes() for p in backup.iterdir()} == before
+    checkpoint.verify(saved)  # and ckpt itself is still whole
+
+
+def test_a_users_directory_named_tmp_is_never_deleted(tok, tmp_path):
+    mine = tmp_path / "avg.tmp"
+    shutil.copytree(checkpoint.save(tmp_path / "elsewhere", make_model(tok), tok), mine)  # a whole checkpoint the user keeps there
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    with pytest.raises(CheckpointError, match=r"avg\.tmp is in the way and qkv did not write it"):
+        checkpoint.save(tmp_path / "avg", make_model(tok), tok)
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+    assert not (tmp_path / "avg").exists()
 
 
 # ---- checkpoints from someone else: verify first, parse after, names confined ----------------
@@ -285,7 +327,11 @@ def test_symlinks_and_special_files_in_a_checkpoint_are_refused(saved, tmp_path)
 
 def test_files_are_verified_before_any_is_parsed(saved, monkeypatch):
     parsed = []
-    monkeypatch.setattr(checkpoint.Tokenizer, "load", classmethod(lambda cls, path: parsed.append(path)))
+    real = checkpoint.load_tokenizer  # what checkpoint.load calls to parse tokenizer.model
+    monkeypatch.setattr(checkpoint, "load_tokenizer", lambda path: parsed.append(path) or real(path))
+    checkpoint.load(saved)
+    assert parsed == [saved / checkpoint.TOKENIZER]  # the patch sees the parse of a good checkpoint
+    parsed.clear()
     tokenizer = saved / checkpoint.TOKENIZER
     data = bytearray(tokenizer.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different bytes: only the checksum can tell
@@ -363,24 +409,16 @@ def test_a_directory_that_is_not_a_checkpoint_is_never_replaced(tok, tmp_path):
 
 def test_a_save_after_a_crash_between_the_renames_keeps_the_old_copy_until_the_new_is_in_place(tok, saved, monkeypatch):
     expected = logits(checkpoint.load(saved).model, tok)
-    saved.rename(saved.with_name(saved.name + ".old"))  # killed after moving the old one aside
-    real_replace = os.replace
-
-    def crash_on_the_final_rename(src, dst):
-        if str(src).endswith(".tmp"):
-            raise OSError(errno.EIO, "killed")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(checkpoint.os, "replace", crash_on_the_final_rename)
-    with pytest.raises(OSError, match="killed"):
-        checkpoint.save(saved, make_model(tok, seed=5), tok)
-    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
-    # the only whole copy survived the failed save and still loads
-    torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
+    crash_between_the_renames(tok, saved, monkeypatch)
+    crash_between_the_renames(tok, saved, monkeypatch)  # and again, before the new copy was in place
+    # the only whole copy survived the failed saves and still loads
+    with pytest.warns(checkpoint.CheckpointWarning):
+        torch.testing.assert_close(logits(checkpoint.load(saved).model, tok), expected, rtol=0, atol=0)
     second = make_model(tok, seed=6)
     checkpoint.save(saved, second, tok)  # and the next save completes and cleans up
     assert torch.equal(logits(checkpoint.load(saved).model, tok), logits(second, tok))
     assert sorted(p.name for p in saved.parent.iterdir()) == ["ckpt"]
+    assert checkpoint.MARKER not in {p.name for p in saved.iterdir()}
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint_whole(tok, saved, monkeypatch):
@@ -412,3 +450,16 @@ def test_a_second_writer_waits_for_the_lock_and_is_refused_after_the_timeout(tok
         holder.kill()
         holder.wait()
     checkpoint.save(saved, make_model(tok, seed=8), tok)  # free again
+
+
+@pytest.mark.parametrize("name", [checkpoint.TRAINER_JSON, checkpoint.TRAINER_TENSORS])
+def test_training_state_left_out_of_the_manifest_is_refused_not_parsed(tok, tmp_path, name):
+    run = checkpoint.save(tmp_path / "last", make_model(tok), tok, trainer={"step": 7, "epoch": 0, "position": 0},
+                          optimizer=torch.optim.Adam(make_model(tok).parameters()))
+    manifest = json.loads((run / checkpoint.MANIFEST).read_text())
+    del manifest["files"][name]  # the file stays, unverifiable: an edited step count would be accepted
+    (run / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    state = json.loads((run / checkpoint.TRAINER_JSON).read_text())
+    (run / checkpoint.TRAINER_JSON).write_text(json.dumps({**state, "step": 700}))
+    with pytest.raises(CheckpointError, match=f"{name} is not in the checkpoint's manifest"):
+        checkpoint.load_trainer(run)

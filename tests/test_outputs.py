@@ -8,6 +8,7 @@ keeping line N in as line N out.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,83 @@ def test_score_and_align_outputs_keep_the_users_files(ckpt, tmp_path, command):
     assert result.returncode == 0, result.stderr
     assert out.read_text(encoding="utf-8").count("\n") == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "ref.de", "src.en"]
+
+
+def test_average_leaves_a_users_old_and_tmp_directories_alone(ckpt, tmp_path):
+    for name in ("avg", "avg2"):  # the user's checkpoints, kept as backups under qkv's own twin names
+        checkpoint.save(tmp_path / name, checkpoint.load(ckpt).model, checkpoint.load(ckpt).tokenizer)
+    (tmp_path / "avg").rename(tmp_path / "avg.old")  # mv avg avg.old
+    (tmp_path / "avg2").rename(tmp_path / "avg2.tmp")
+    before = {name: snapshot(tmp_path / name) for name in ("avg.old", "avg2.tmp")}
+    assert qkv("average", ckpt, ckpt, "--out", tmp_path / "avg").returncode == 0  # a new path, no --force
+    refused(qkv("average", ckpt, ckpt, "--out", tmp_path / "avg2"), "average", "avg2.tmp is in the way and qkv did not write it")
+    assert {name: snapshot(tmp_path / name) for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["avg", "avg.old", "avg2.tmp"]
+
+
+def test_no_output_lands_inside_the_checkpoint_it_reads(ckpt, tmp_path):
+    model = tmp_path / "model"
+    import shutil
+
+    shutil.copytree(ckpt, model)
+    before = snapshot(model)
+    text = tmp_path / "in.en"
+    text.write_text("A dog runs.\n", encoding="utf-8")
+    for args in (
+        ("translate", "--checkpoint", model, "-i", text, "-o", model / "config.json", "--force"),
+        ("translate", "--checkpoint", model, "-i", text, "-o", model / "new.txt"),
+        ("translate", "--checkpoint", model, "-i", text, "--trace", model / "trace", "--force"),
+        ("evaluate", "--checkpoint", model, "--src-file", text, "--ref-file", text, "--save", model / "hyp.txt"),
+        ("score", "--checkpoint", model, "-i", text, "-r", text, "-o", model / "manifest.json", "--force"),
+        ("align", "--checkpoint", model, "-i", text, "-r", text, "-o", model / "a.txt"),
+        ("attend", "--checkpoint", model, "A dog.", "--out", model / "attention", "--force"),
+    ):
+        refused(qkv(*args), args[0], f"inside {model}, which this command reads")
+    refused(qkv("average", model, model, "--out", model, "--force"), "average", "which this command reads")
+    refused(qkv("export", "--checkpoint", model, "--out", model / "ct2", "--check", "0"), "export", "which this command reads")
+    assert snapshot(model) == before
+    checkpoint.verify(model)
+
+
+def test_a_trace_of_piped_input_leaves_every_line_to_translate(ckpt, tmp_path):
+    out, trace = tmp_path / "out.txt", tmp_path / "trace"
+    result = subprocess.run(
+        [sys.executable, "-m", "qkv", "translate", "--checkpoint", str(ckpt), "--beam", "2", "-i", "/dev/stdin",
+         "--trace", str(trace), "-o", str(out)],
+        input="A dog runs.\nTwo children play.\nA red ball.\nA cat.\nThe end.\n", capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.read_text(encoding="utf-8").count("\n") == 5  # the traced first line too, not 0 lines
+    assert json.loads((tmp_path / "trace.json").read_text())  # and the trace of line 1
+
+
+def test_pictures_written_with_force_replace_a_symlink_instead_of_following_it(ckpt, tmp_path):
+    precious = tmp_path / "thesis.pdf"
+    precious.write_bytes(b"%PDF years of work")
+    (tmp_path / "attention.png").symlink_to(precious)
+    (tmp_path / "attention.html").symlink_to(precious)
+    result = qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", tmp_path / "attention", "--force")
+    assert result.returncode == 0, result.stderr
+    assert precious.read_bytes() == b"%PDF years of work"
+    assert (tmp_path / "attention.png").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "attention.png").is_symlink()
+
+
+def test_a_killed_translation_leaves_no_temporary_file(ckpt, tmp_path):
+    import signal
+    import time
+
+    source, out = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("A dog runs in the park with a red ball.\n" * 3000, encoding="utf-8")
+    process = subprocess.Popen([sys.executable, "-m", "qkv", "translate", "--checkpoint", str(ckpt), "--beam", "4",
+                                "-i", str(source), "-o", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+        opened = [os.readlink(f"/proc/{process.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{process.pid}/fd")]
+        if any(str(tmp_path) in target and "in.en" not in target for target in opened):
+            break  # the output is open: the translation is under way
+    assert process.poll() is None, process.stderr.read()
+    time.sleep(0.5)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en"]  # no out.de, no hidden .out.de.*.tmp

@@ -67,6 +67,8 @@ def test_a_run_killed_with_sigkill_resumes_to_bitwise_identical_weights(tmp_path
     result = check_resume_exactness(str(tmp_path), steps=40)
     assert result.passed, result.detail
     assert "max |diff| = 0.0e+00" in result.detail
+    resumed_from = int(result.detail.split("resumed from step ")[1].split(",")[0])
+    assert 0 < resumed_from < 40  # training really resumed: the kill came before the last checkpoint
 
 
 def test_doctor_resume_runs_the_kill_and_resume_check(monkeypatch, capsys):
@@ -434,7 +436,8 @@ def test_overwrite_starts_over_and_deletes_only_what_qkv_wrote(small_run, tmp_pa
     shutil.copytree(small_run, run)
     (run / "step-000090").mkdir()  # an older step checkpoint of the same run (a longer first attempt)
     shutil.copy(run / "step-000004" / "config.json", run / "step-000090" / "config.json")
-    (run / "final.tmp").mkdir()  # and a save cut short
+    (run / "final.tmp").mkdir()  # and a save cut short (qkv marks it as its own first)
+    (run / "final.tmp" / checkpoint.MARKER).write_text("")
     users = {name: data for name, data in snapshot(run).items() if name in ("notes.txt", "best.txt", "data/log.jsonl")}
     result = qkv(*train_args(dates_tsv, run, "--overwrite"), "--max-steps", "2", "--data", "vocab_size=100")
     assert result.returncode == 0, result.stderr
@@ -450,12 +453,50 @@ def test_overwrite_starts_over_and_deletes_only_what_qkv_wrote(small_run, tmp_pa
 def test_a_run_stopped_before_its_first_checkpoint_is_started_over_with_overwrite(small_run, tmp_path, dates_tsv):
     run = tmp_path / "run"
     run.mkdir()
-    shutil.copy(small_run / "tokenizer.model", run)  # what a run stopped while loading its data leaves
+    for name in ("tokenizer.model", "qkv-run.json"):  # what a run stopped while loading its data leaves
+        shutil.copy(small_run / name, run)
     message = one_line_error(qkv(*train_args(dates_tsv, run)), "train")
     assert f"--out {run} holds a run that saved no checkpoint to resume from: start it over with --overwrite" in message
     result = qkv(*train_args(dates_tsv, run, "--overwrite"))
     assert result.returncode == 0, result.stderr
-    assert f"--overwrite: deleted tokenizer.model from {run}" in result.stderr
+    assert f"--overwrite: deleted qkv-run.json, tokenizer.model from {run}" in result.stderr
+
+
+def test_a_directory_holding_a_users_own_tokenizer_is_not_a_run(small_run, tmp_path, dates_tsv):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(small_run / "tokenizer.model", mine)  # their own SentencePiece model, named as qkv names one
+    before = snapshot(mine)
+    for extra in ([], ["--overwrite"]):
+        message = one_line_error(qkv(*train_args(dates_tsv, mine), *extra), "train")
+        assert f"--out {mine} is not empty and holds no qkv run" in message
+    assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize("mistake", [
+    ["--data", "vocab_size=16"],  # the tokenizer cannot be trained
+    ["--tensorboard", "FILE"],  # the writer cannot be made
+    ["--model", "d_ff=1099511627776"],  # the model cannot be allocated (128 TiB)
+])
+def test_overwrite_deletes_nothing_when_a_later_step_fails(small_run, tmp_path, dates_tsv, mistake):
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    before = snapshot(run)
+    result = qkv(*train_args(dates_tsv, run, "--overwrite"), *[str(a_file) if m == "FILE" else m for m in mistake])
+    assert result.returncode != 0
+    assert snapshot(run) == before  # the old run is whole: the user has it still
+
+
+def test_overwrite_refuses_to_delete_the_checkpoint_it_fine_tunes_from(small_run, tmp_path, dates_tsv):
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    before = snapshot(run)
+    message = one_line_error(qkv(*train_args(dates_tsv, run, "--overwrite"), "--init-from", run / "final"), "train")
+    assert f"--out {run} overlaps {(run / 'final').resolve()}, which this command reads" in message
+    assert snapshot(run) == before
 
 
 def test_overwrite_refuses_a_checkpoint_directory_holding_a_users_file(small_run, tmp_path, dates_tsv):
