@@ -1,6 +1,7 @@
 """Shared test fixtures: where Multi30k lives, and one tiny training run reused by several test files.
 
-Tests that need Multi30k fail when it is missing, so that a CI without the data cannot pass by
+Multi30k is read from ``$QKV_DATA`` when it is set, else from ``../shared/data/multi30k`` beside the
+repository. Tests that need Multi30k fail when it is missing, so that a CI without the data cannot pass by
 skipping them; set QKV_ALLOW_MISSING_DATA=1 to skip them instead (a machine without the data).
 """
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+# $QKV_DATA (the variable qkv itself reads) when set, else ../shared/data/multi30k beside the repository.
+MULTI30K = Path(os.environ.get("QKV_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k")
 
 
 def require_multi30k() -> Path:
