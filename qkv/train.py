@@ -37,6 +37,8 @@ from qkv.devices import resolve_device
 from qkv.ema import WeightEMA
 from qkv.loss import constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
+from qkv.progress import PlainProgress
+from qkv.progress import progress as show_progress
 from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
 from qkv.rundir import RunLog, clear_run, mark_run, open_tensorboard, plot_curves, step_dirs
 from qkv.stopping import Abandoned, StopRequested, StopSignals
@@ -459,7 +461,7 @@ class Trainer:
             world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.bf16_mode or False,
             **({"init_from": self.init_from} if self.init_from else {}),
         )
-        bar = tqdm(total=self.end_step(), initial=self.step, disable=not (progress and ctx.is_main), unit="step", dynamic_ncols=True)
+        bar = show_progress(total=self.end_step(), initial=self.step, enabled=progress and ctx.is_main)
         together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
         with self.stop, contextlib.closing(self.log):
             try:
@@ -493,7 +495,7 @@ class Trainer:
         if distributed.any_rank([self.stop.requested], self.dist)[0]:
             raise StopRequested(self.stop.signum or signal.SIGINT)
 
-    def _train(self, bar: tqdm) -> str:
+    def _train(self, bar: tqdm | PlainProgress) -> str:
         """The training loop; returns why it stopped."""
         cfg, ctx = self.train_cfg, self.dist
         started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
