@@ -5,11 +5,15 @@ sentences, ``max_batch_tokens`` source tokens and ``max_batch_work`` units of wo
 ``max_wait_ms`` for more), groups it by decoding settings and translates each group as one batch in a
 worker thread. The answer is serialized to JSON in that thread too, never on the event loop.
 
-Work is what a request asks the decoder for: for each non-empty text, the most output tokens the
-search may produce for it (``qkv.decode.max_output_length``) times the units each token costs
-(``Settings.work_per_token``: the beam size, or the price of a sampled token, plus one when a greedy
-or sampled output is scored); an empty text counts 1. The queue counts work, admitted and not yet
-answered, so a full queue means a bounded wait, not a long list.
+Work is what the server computes for a request, in units of one decoder step of one output token
+(``Work``): for each non-empty text, its source tokens once for each pass of the encoder over them
+(the search, and the teacher-forced pass that scores a greedy or sampled output or captures the
+attention), plus the most output tokens the search may produce for it (``qkv.decode.max_output_length``)
+times the units each costs (``Settings.work_per_token``: the beam size, or the price of a sampled
+token, plus one when a greedy or sampled output is scored); with attention, also the attention
+pass's output tokens and every attention weight it computes (the encoder's, the decoder's and the
+cross weights, ``ATTENTION_WEIGHTS_PER_UNIT`` to a unit). An empty text counts 1. The queue counts
+work, admitted and not yet answered, so a full queue means a bounded wait, not a long list.
 
 Requests share a batch only when they ask for the same search (``Settings.search``); what changes
 only the answer (how many of the n best, attention) is applied to each request's share of the results.
@@ -48,6 +52,17 @@ log = logging.getLogger("qkv.server")
 SAMPLED_TOKEN_WORK = 1
 TOP_K_TOKEN_WORK = 2
 TOP_P_TOKEN_WORK = 12
+# Units of work per source token, for each pass of the encoder over it. Timed on one thread against
+# greedy steps in batches of 32, a source token took 0.3 to 0.6 of a step (d_model 32 to 128, sources
+# of 100 to 1,000 tokens); counted in matrix-product FLOPs, 0.8 (the tiny preset): the encoder has
+# no cross-attention and no output layer.
+SOURCE_TOKEN_WORK = 1
+# Attention weights computed per unit of work, with "attention": the pass that captures them
+# materializes every weight of the encoder's self-attention (layers x heads x S x S), the decoder's
+# (x T x T) and the cross-attention (x T x S). Timed as above (d_model 32 to 128, sources of 100 to
+# 1,000 tokens), that pass took 56 to 2,300 units; charged S + T units and one per 1,000 weights, it
+# pays 2.5 to 14 times that: on the dear side, which errs towards refusing.
+ATTENTION_WEIGHTS_PER_UNIT = 1000
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,19 @@ class Settings:
         else:
             per_token = TOP_K_TOKEN_WORK if self.top_k else SAMPLED_TOKEN_WORK
         return per_token + (1 if self.scored_apart else 0)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a request costs, in units of one decoder step of one output token (module docstring)."""
+
+    source: int  # source tokens x the encoder's passes over them
+    output: int  # output tokens x their price, with the attention pass's tokens; 1 per empty text
+    attention: int  # the attention weights the attention pass computes / ATTENTION_WEIGHTS_PER_UNIT
+
+    @property
+    def total(self) -> int:
+        return self.source + self.output + self.attention
 
 
 class Busy(Exception):
@@ -196,9 +224,28 @@ class Batcher:
         return [max_output_length(self.model, len(ids) + 1, config) if ids else 0 for ids in src_ids]
 
     def work(self, src_ids: list[list[int]], settings: Settings) -> int:
-        """Decoder work: units per token x maximum output tokens, summed over texts; an empty text counts 1."""
+        """The units of work of a request (``work_parts``), in all."""
+        return self.work_parts(src_ids, settings).total
+
+    def work_parts(self, src_ids: list[list[int]], settings: Settings) -> Work:
+        """What the server computes for these sources (module docstring), summed over texts: S source
+        tokens (EOS included) and at most T output tokens each."""
         per_token = settings.work_per_token()
-        return sum(per_token * n if n else 1 for n in self.output_limits(src_ids, settings))
+        passes = 1 + settings.scored_apart + settings.attention  # of the encoder over each source
+        source = output = weights = 0
+        c = self.model.config
+        for ids, n in zip(src_ids, self.output_limits(src_ids, settings)):
+            if not ids:  # not searched (and its attention is made up, not computed)
+                output += 1
+                continue
+            S = len(ids) + 1
+            source += SOURCE_TOKEN_WORK * S * passes
+            output += per_token * n
+            if settings.attention:  # one teacher-forced pass over BOS and the output: T = n + 1 positions
+                T = n + 1
+                output += T
+                weights += c.n_heads * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * S))
+        return Work(source, output, -(-weights // ATTENTION_WEIGHTS_PER_UNIT))
 
     def attention_weights(self, src_ids: list[list[int]], settings: Settings) -> int:
         """The most cross-attention weights the answer can hold: layers x heads x T x S, summed over texts."""

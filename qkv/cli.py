@@ -57,6 +57,29 @@ def doctor(args: argparse.Namespace) -> int:
 from qkv import cli_train  # noqa: E402,F401  registers train here, so that `qkv --help` lists it second
 
 
+# Upper bounds of the decoding flags, checked as they are parsed (one line, exit 2). A step of beam
+# search holds beam x vocabulary scores for every sentence of a batch: at beam 64, 32,000 tokens and
+# 128 sentences, 1 GB. (`qkv serve` allows clients at most beam 16: qkv.server_api.MAX_BEAM.)
+MAX_BEAM = 64
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _int_at_most(high: Callable[[], int], why: str) -> type[argparse.Action]:
+    """An int option of at most ``high()``; above, one line that ends with ``why`` (formatted with it).
+    (Too low is the library's to say: DecodeConfig and Translator name the lower bounds.)"""
+
+    class AtMost(argparse.Action):
+        def __call__(self, parser, namespace, value, option_string=None) -> None:
+            if value > (top := high()):
+                parser.exit(2, f"{parser.prog}: error: {option_string} must be at most {top}, got {value}: {why.format(top)}\n")
+            setattr(namespace, self.dest, value)
+
+    return AtMost
+
+
 def _decode_args(
     p: argparse.ArgumentParser, *, ensemble: bool = False,
     batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)",
@@ -67,7 +90,9 @@ def _decode_args(
                        help="checkpoint directory (or a run directory: uses its final/); give it again to translate with an ensemble")
     else:
         p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
-    p.add_argument("--beam", type=int, help="beam size (1 = greedy; default 5)")
+    p.add_argument("--beam", type=int, action=_int_at_most(lambda: MAX_BEAM, "each step holds beam x vocabulary scores per sentence"),
+                   help=f"beam size (1 = greedy; default 5; at most {MAX_BEAM}: each step holds beam x vocabulary scores for "
+                        "every sentence of a batch, 1 GB at beam 64 with 32,000 tokens and 128 sentences)")
     p.add_argument("--length-penalty", type=float,
                    help="GNMT length penalty alpha (0 = none; default: the one chosen on validation at the end of "
                         "the checkpoint's training, else 0.6)")
@@ -82,8 +107,10 @@ def _decode_args(
 
 def _workers_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1,
+                   action=_int_at_most(_usable_cpus, "this process may use {} CPUs, and a worker runs one thread: more only take turns"),
                    help="search batches side by side in N processes of one thread each (CPU only; faster for small "
-                        "models, the translations of one process with one thread; default 1)")
+                        "models, the translations of one process with one thread; default 1; at most the CPUs this "
+                        "process may use: more workers of one thread would only take turns)")
 
 
 def _device_arg(p: argparse.ArgumentParser) -> None:
@@ -157,33 +184,37 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
 def translate(args: argparse.Namespace) -> int:
     import contextlib
+    import itertools
 
-    from qkv.outputs import check_output, output_or_stdout
+    from qkv.outputs import check_output, output_or_stdout, read_dirs
     from qkv.translate import Translator, input_lines, translate_stream
 
     from qkv.cli_inspect import trace_paths, write_trace
 
-    if args.output:  # before loading anything: -o never truncates the input or a file the user has
-        check_output(args.output, force=args.force, inputs=(args.input,))
+    # Before loading anything: -o never truncates the input, a file the user has, or the checkpoint.
+    reads = read_dirs(args.checkpoint)
+    if args.output:
+        check_output(args.output, force=args.force, inputs=(args.input,), reads=reads)
     if args.trace and not args.input:
         raise ValueError("--trace traces the first line of --input FILE: give one")
     for path in trace_paths(args.trace):
-        check_output(path, force=args.force, inputs=(args.input,))
+        check_output(path, force=args.force, inputs=(args.input,), reads=reads)
     model, tokenizer = _decoding_model(args)
     translator = Translator(model, tokenizer, _decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                             workers=args.workers)
-    if args.trace:
-        with open(args.input, "rb") as handle:
-            first = next(input_lines(handle, args.input), "")
-        written = write_trace(model, tokenizer, first, translator.config, args.trace, force=args.force)
-        print(f"beam trace of line 1: {', '.join(map(str, written))}", file=sys.stderr)
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
         else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
             source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
+        if args.trace:  # the first line is read once and translated with the rest (the input may be a pipe)
+            first = source.readline()
+            line = next(input_lines([first], name), "")
+            written = write_trace(model, tokenizer, line, translator.config, args.trace, force=args.force)
+            print(f"beam trace of line 1: {', '.join(map(str, written))}", file=sys.stderr)
+            source = itertools.chain([first] if first else [], source)
         # The output file appears, whole, when the last line is translated.
-        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,)))
+        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,), reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
         translate_stream(translator, source, sink, name=name, n_best=args.n_best)
     return 0
@@ -209,11 +240,12 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv import checkpoint
     from qkv.data import load_multi30k, read_parallel
     from qkv.evaluate import format_scores, score
-    from qkv.outputs import check_output, output_file
+    from qkv.outputs import check_output, output_file, read_dirs
     from qkv.translate import Translator
 
+    reads = read_dirs(args.checkpoint)
     if args.save:
-        check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file))
+        check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads)
     model, tokenizer = _decoding_model(args)
     if args.src_file or args.ref_file:
         if not (args.src_file and args.ref_file):
@@ -228,7 +260,7 @@ def evaluate(args: argparse.Namespace) -> int:
         hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
-        with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file)) as handle:
+        with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
     workers = f", {args.workers} workers" if args.workers > 1 else ""
@@ -246,9 +278,9 @@ def _average_args(p: argparse.ArgumentParser) -> None:
 @command("average", "average the weights of several checkpoints into one", _average_args)
 def average(args: argparse.Namespace) -> int:
     from qkv import checkpoint
-    from qkv.outputs import check_checkpoint_out
+    from qkv.outputs import check_checkpoint_out, read_dirs
 
-    out = check_checkpoint_out(args.out, force=args.force)
+    out = check_checkpoint_out(args.out, force=args.force, reads=read_dirs(args.checkpoints))
     first = checkpoint.load(args.checkpoints[0])
     weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
     configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
@@ -329,7 +361,9 @@ def _check_sentences(args: argparse.Namespace) -> list[str] | None:
 def export_command(args: argparse.Namespace) -> int:
     from qkv.export import export_ctranslate2, parity_check
     from qkv.marian import check_export, export_marian
+    from qkv.outputs import check_apart, read_dirs
 
+    check_apart(args.out, read_dirs([args.checkpoint]))
     out = (export_marian if args.format == "marian" else export_ctranslate2)(args.checkpoint, args.out, force=args.force)
     print(f"wrote {args.format} model to {out}")
     sources = _check_sentences(args) if args.check > 0 else None
@@ -366,7 +400,9 @@ def _import_args(p: argparse.ArgumentParser) -> None:
 @command("import", "turn a local Hugging Face Marian (OPUS-MT) model directory into a qkv checkpoint", _import_args)
 def import_command(args: argparse.Namespace) -> int:
     from qkv.marian import import_marian
+    from qkv.outputs import check_apart
 
+    check_apart(args.out, [Path(args.directory)])
     loaded = import_marian(args.directory, args.out, force=args.force)
     cfg = loaded.model.config
     print(f"imported {args.directory}: {loaded.model.num_parameters():,} parameters, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "

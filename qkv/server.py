@@ -3,7 +3,8 @@
 One model instance answers every request; ``qkv.server_api`` says what a request may ask for (beam,
 n-best lists with scores, sampling, attention), ``qkv.batcher`` forms the batches. Every request is
 bounded before it is queued: its body (``max_body_bytes``, checked while it arrives), its texts, its
-decoding work (``max_request_work``) and, with attention, the number of weights it can return
+work (``max_request_work``: its source and output tokens and, with attention, the weights it
+computes; ``qkv.batcher``) and, with attention, the number of weights it can return
 (``max_attention_weights``). Limits answer JSON 4xx errors that name the limit; a full queue answers
 503 with Retry-After; a request waits at most ``request_timeout`` seconds (504). A client that
 disconnects is noticed while its request waits, and its work is dropped.
@@ -32,7 +33,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkv import checkpoint
-from qkv.batcher import SAMPLED_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy, Job
+from qkv.batcher import (
+    ATTENTION_WEIGHTS_PER_UNIT, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy,
+    Job, Settings, Work,
+)
 from qkv.server_api import ErrorOut, InvalidOptions, TranslateResponse, request_model, settings_of
 
 log = logging.getLogger("qkv.server")
@@ -48,7 +52,7 @@ DEFAULT_LIMITS: dict[str, Any] = dict(
     max_texts=64,
     max_chars=1000,
     max_body_bytes=1 << 20,  # 64 texts of 1000 characters, even escaped as \\uXXXX pairs, fit
-    max_request_work=20_000,  # beam x output tokens: 64 short sentences at beam 5, or one long at beam 16
+    max_request_work=20_000,  # source + beam x output tokens: 64 short sentences at beam 5, or one long at beam 16
     max_queue_work=200_000,  # ten of the largest requests
     max_attention_weights=1_000_000,  # about 7 MB of JSON
     request_timeout=60.0,
@@ -148,7 +152,7 @@ def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
     return {
         "src_lang": data.get("src_lang"),
         "tgt_lang": data.get("tgt_lang"),
-        "checkpoint": str(loaded.path.resolve()),
+        "checkpoint": loaded.path.resolve().name,  # the directory's name: where it lies on the server is no client's business
         "sha256": checkpoint.sha256(loaded.path / checkpoint.WEIGHTS)[:16],  # of model.safetensors
         "parameters": loaded.model.num_parameters(),
         "vocab_size": loaded.tokenizer.vocab_size,
@@ -160,6 +164,28 @@ def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
         "max_len": config.max_len,
         "model": config.to_dict(),
     }
+
+
+# How the work of a request is counted, for the API's description and the 422 that refuses too much.
+WORK_RULES = (
+    f"a unit is one decoder step of one output token. Per text: {SOURCE_TOKEN_WORK} per source token for each pass "
+    "of the encoder over it (the search; one more to score a greedy or sampled output; one more for attention), "
+    f"plus the most output tokens x what one costs (the beam size; with sampling {SAMPLED_TOKEN_WORK}, "
+    f"{TOP_K_TOKEN_WORK} with top_k, {TOP_P_TOKEN_WORK} with top_p; 1 more to score a greedy or sampled output); "
+    f"with attention, also the output tokens once more and 1 per {ATTENTION_WEIGHTS_PER_UNIT} attention weights "
+    "computed (encoder, decoder and cross, layers x heads x positions x positions); an empty text counts 1"
+)
+
+
+def too_much_work(work: Work, settings: Settings, limit: int) -> str:
+    """The 422's message: the request's units, part by part, and what to change."""
+    parts = f"{work.source} for source tokens, {work.output} for output tokens"
+    if settings.attention:
+        parts += f", {work.attention} for attention weights"
+    return (
+        f"this request asks for {work.total} units of work ({parts}; {WORK_RULES}); this server's limit is {limit} "
+        "(--max-request-work): send fewer or shorter texts, a smaller beam_size or a max_length"
+    )
 
 
 def page_html() -> str:
@@ -215,7 +241,13 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
     app = FastAPI(
         title="qkv translation server",
         version="1",
-        description=f"Transformer translation ({info['src_lang']} -> {info['tgt_lang']}) with dynamic batching.",
+        description=(
+            f"Transformer translation ({info['src_lang']} -> {info['tgt_lang']}) with dynamic batching.\n\n"
+            f"Limits: at most {limits['max_texts']} texts of {limits['max_chars']} characters; "
+            f"{max_work} units of work a request (422 above), and {limits['max_queue_work']} waiting (503 above); "
+            f"with attention, at most {max_weights} weights returned (layers x heads x output x source tokens). "
+            f"Work: {WORK_RULES}."
+        ),
         lifespan=lifespan,
         exception_handlers={RequestValidationError: _invalid_request, BodyTooLarge: _body_too_large},
     )
@@ -232,21 +264,17 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
         except InvalidOptions as invalid:
             return _unprocessable(invalid.field, "invalid_combination", str(invalid))
         src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(body.texts)]
-        work = batcher.work(src_ids, settings)
-        if work > max_work:
-            return _unprocessable("texts", "too_much_work", (
-                f"this request asks for {work} units of decoding work ({settings.work_per_token()} per output token "
-                "x the most output tokens, summed over texts; a token costs the beam size, or with sampling "
-                f"{SAMPLED_TOKEN_WORK}, {TOP_K_TOKEN_WORK} with top_k, {TOP_P_TOKEN_WORK} with top_p, and 1 more to "
-                f"score a greedy or sampled output); this server's limit is {max_work} (--max-request-work): send "
-                "fewer or shorter texts, a smaller beam_size or a max_length"
-            ))
+        # The answer's size first: over it, attention is what to change (its weights also count as work).
         if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
             return _unprocessable("attention", "too_much_attention", (
                 f"with attention this request could return {weights} weights (layers x heads x output x source "
                 f"tokens, summed over texts); this server's limit is {max_weights} (--max-attention-weights): "
                 "send fewer or shorter texts, or a max_length"
             ))
+        parts = batcher.work_parts(src_ids, settings)
+        work = parts.total
+        if work > max_work:
+            return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
         try:
             job = batcher.submit(body.texts, src_ids, settings, work)
         except Busy as busy:
@@ -283,7 +311,7 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
 
     @app.get("/v1/model")
     async def model() -> dict[str, Any]:
-        """Languages, sizes, vocabulary size, parameter count and the checkpoint's path and sha256."""
+        """Languages, sizes, vocabulary size, parameter count and the checkpoint's directory name and sha256."""
         return info
 
     @app.get("/v1/stats")
@@ -301,7 +329,8 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
 
 ERRORS = {
     413: "the body is larger than --max-body-bytes",
-    422: "invalid request, or over a limit (--max-texts, --max-chars, --max-request-work, --max-attention-weights)",
+    422: "invalid request, or over a limit (--max-texts, --max-chars, --max-request-work: units of work for the source "
+    "and output tokens and, with attention, the weights computed; --max-attention-weights: weights returned)",
     500: "the translation failed (the server's log has the details)",
     503: "queue full or shutting down; see Retry-After",
     504: "the translation took longer than --request-timeout",

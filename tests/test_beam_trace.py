@@ -8,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from test_decode import BOS, EOS, batch, make_model, sources
 
-from qkv.beam_trace import BeamTrace, draw_trace, trace_html, tree
+from qkv import checkpoint
+from qkv.beam_trace import BeamTrace, SearchSteps, draw_trace, prefix, trace_beam, trace_html, tree
 from qkv.decode import DecodeConfig, beam_search
 
 
@@ -40,19 +42,55 @@ def test_the_trace_is_the_search(seed):
 def test_tree_picture_and_page(tmp_path):
     model, src = make_model(0), batch(sources([5], seed=7))
     config = DecodeConfig(beam_size=2, max_len_b=5)
-    steps: list[dict] = []
-    best = beam_search(model, src, bos_id=BOS, eos_id=EOS, config=config, trace=steps)[0][0].tokens
-    for s in steps:
-        for c in s["candidates"]:
-            c["piece"] = f"t{c['token']}"
-    trace = BeamTrace("src", "out", 2, config.length_penalty, steps, best)
+    raw: list[dict] = []
+    best = beam_search(model, src, bos_id=BOS, eos_id=EOS, config=config, trace=raw)[0][0].tokens
+    steps = SearchSteps(lambda ids: [f"t{i}" for i in ids])
+    assert beam_search(model, src, bos_id=BOS, eos_id=EOS, config=config, trace=steps)[0][0].tokens == best
+    # Each beam is a back-pointer; following the pointers rebuilds the prefix the search held.
+    for s, r in zip(steps, raw):
+        assert [b["score"] for b in s["beams"]] == [b["score"] for b in r["beams"]]
+        assert [prefix_of(steps, s["step"], j) for j in range(len(s["beams"]))] == [b["tokens"] for b in r["beams"]]
+    trace = BeamTrace("src", "out", 2, config.length_penalty, list(steps), best)
     nodes, path = tree(trace)
-    assert path[: len(best) + 1] == [tuple(best[:i]) for i in range(len(best) + 1)]
-    assert all(nodes[p]["parent"] == path[i] for i, p in enumerate(path[1:]))  # a path in the tree
+    assert [prefix(nodes, node) for node in path[: len(best) + 1]] == [best[:i] for i in range(len(best) + 1)]
+    assert all(nodes[node]["parent"] == path[i] for i, node in enumerate(path[1:]))  # a path in the tree
+    assert nodes[path[-1]]["fate"] == "finished" and nodes[path[-1]]["normalized"] == max(
+        n["normalized"] for n in nodes if n["fate"] == "finished")
     assert draw_trace(trace, tmp_path / "t.png").stat().st_size > 1000
     page = trace_html(trace)
     assert page.count("<tr>") == 1 + sum(len(s["candidates"]) for s in steps) and "<svg" in page
+    assert page.count('<g id="n') == len(nodes) == 1 + sum(len(s["candidates"]) for s in steps)
     assert json.loads(trace.to_json())["best"] == best
+
+
+def prefix_of(steps: list[dict], step: int, beam: int) -> list[int]:
+    """The tokens of beam ``beam`` of step ``step``, from the back-pointers of the JSON."""
+    tokens = []
+    while step > 0:
+        pointer = steps[step]["beams"][beam]
+        tokens.append(pointer["token"])
+        step, beam = step - 1, pointer["parent"]
+    return tokens[::-1]
+
+
+def test_a_trace_grows_linearly_with_its_steps(random_checkpoint):
+    """A trace of 3x the steps is at most about 3x the JSON and the page: the beams are back-pointers,
+    and a candidate's row links to its beam's node instead of spelling out the prefix."""
+    loaded = checkpoint.load(random_checkpoint)
+    model, tok = loaded.model, loaded.tokenizer
+    never_eos = model.generator.register_forward_hook(  # every search runs to its limit: T steps
+        lambda module, inputs, out: out.index_fill(-1, torch.tensor([tok.eos_id]), float("-inf")))
+    try:
+        sizes = {}
+        for T in (40, 120):
+            trace = trace_beam(model, tok, "A dog runs across the green field.", DecodeConfig(beam_size=4, max_len_a=0, max_len_b=T))
+            assert len(trace.steps) == T and len(trace.best) == T
+            sizes[T] = len(trace.to_json()), len(trace_html(trace))
+    finally:
+        never_eos.remove()
+    (json_40, page_40), (json_120, page_120) = sizes[40], sizes[120]
+    assert json_120 <= 3.3 * json_40, sizes
+    assert page_120 <= 3.3 * page_40, sizes
 
 
 def test_trace_through_the_command_line(tiny_run, tmp_path):

@@ -139,8 +139,11 @@ def test_attention_comes_with_tokens_and_shapes(server, loaded):
 
 
 def test_model_info_names_the_checkpoint(server, loaded, model_dir):
-    info = httpx.get(f"{server.url}/v1/model").json()
-    assert info["checkpoint"] == str(model_dir.resolve())
+    answer = httpx.get(f"{server.url}/v1/model")
+    info = answer.json()
+    # The directory's name, not where it lies on the server's disk (which is no client's business).
+    assert info["checkpoint"] == model_dir.resolve().name and "/" not in info["checkpoint"]
+    assert str(model_dir.resolve().parent) not in answer.text and str(model_dir.parent) not in answer.text
     assert info["sha256"] == hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()[:16]
     assert info["parameters"] == loaded.model.num_parameters()
     assert info["vocab_size"] == loaded.tokenizer.vocab_size
@@ -478,6 +481,8 @@ LIMIT_CASES = {
     "work": ({"texts": ["9 mai 2017 " * 90] * 64, "beam_size": 16}, ["body", "texts"], "--max-request-work"),
     # One long text with attention: few decoding steps at beam 1, but millions of weights.
     "attention": ({"texts": ["9 mai 2017 " * 90], "beam_size": 1, "attention": True}, ["body", "attention"], "--max-attention-weights"),
+    # 64 long texts at max_length 1: 64 output tokens, but tens of thousands of source tokens to encode.
+    "source": ({"texts": ["9 mai 2017 " * 90] * 64, "beam_size": 1, "max_length": 1}, ["body", "texts"], "--max-request-work"),
 }
 
 
@@ -522,7 +527,7 @@ def test_body_limit_answers_413_before_reading_the_body(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
-def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp_path):
+def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp_path, monkeypatch):
     """Oversized bodies, the largest requests the default limits allow, and 20 clients that send the
     largest request and hang up, against a model that never stops early: /health keeps answering
     (every probe, p99 under a second, while the flood's admitted requests hold seconds of decoding:
@@ -531,12 +536,18 @@ def test_hostile_client_leaves_health_answering_and_others_served(model_dir, tmp
     flood's work is dropped."""
     prelude = NEVER_STOP_PRELUDE.format(step_s=0)
     log = tmp_path / "server.log"
+    # The benchmark sizes its largest request (and the flood's) by beam x max_length alone; the server
+    # charges its two texts' source tokens too (at most max_len = 1,024 each): leave room for them.
+    candidates = hostile_client.work_candidates
+    monkeypatch.setattr(hostile_client, "work_candidates", lambda limits, max_output: candidates(
+        {**limits, "max_request_work": limits["max_request_work"] - 2 * (max_output + 1)}, max_output))
     with load_test.ServerProcess(model_dir, "--log-level", "info", log_path=log, prelude=prelude) as server:
         result = asyncio.run(hostile_client.run_hostile(server.url, flood_clients=20, polite_clients=8))
     report = hostile_client.format_report(result)
     assert result["declared_1GiB"][0] == 413 and result["chunked"][0] == 413, report
     assert result["work_request"]["status"] == 200 and result["attention_request"]["status"] == 200, report
-    assert result["work_request"]["body"]["max_length"] == 625, report  # 2 texts x beam 16 x 625 = the 20,000 limit
+    # 2 texts x (beam 16 x 561 + at most 1,024 source tokens) <= the 20,000 limit
+    assert result["work_request"]["body"]["max_length"] == 561, report
     assert [p["status"] for p in result["polite"]] == [200] * 8, report
     health = result["health"]
     assert not health["failures"] and health["n"] >= 50, report
@@ -586,9 +597,9 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
 
 
 def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
-    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 625 steps: over 12 s of work per request below
+    prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 620 steps: over 12 s of work per request below
     args = ("--request-timeout", "2", "--log-level", "info")
-    long_request = {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625}
+    long_request = {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 620}  # within the 20,000 units, sources included
 
     def wait_for(server, key: str, value: int) -> dict:
         deadline = time.monotonic() + 5
@@ -628,7 +639,7 @@ def test_sigterm_respects_graceful_timeout(model_dir, tmp_path):
         outcome: list = []
 
         def call() -> None:
-            outcome.append(post(server, {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 625}))
+            outcome.append(post(server, {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 620}))
 
         thread = threading.Thread(target=call)
         thread.start()
@@ -668,9 +679,25 @@ def test_a_port_in_use_is_a_one_line_error(model_dir):
     ], run.stderr
 
 
+def units_asked(model_dir, body: dict) -> int:
+    """The units of work the server says ``body`` asks for, in the 422 of a server that allows 1."""
+    app = create_app(model_dir, max_request_work=1, max_queue_work=1)
+
+    async def ask():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
+            return await client.post("/v1/translate", json=body)
+
+    return int(re.search(r"asks for (\d+) units", asyncio.run(ask()).text).group(1))
+
+
+BIG = {"texts": [DATES[0]], "beam_size": 10, "max_length": 20}
+
+
 def test_a_full_queue_counts_work_not_requests(model_dir):
     # Room for one request of the largest size: a second one, however small, waits no more.
-    app = create_app(model_dir, max_request_work=200, max_queue_work=200, max_queue=100, max_wait_ms=0)
+    units = units_asked(model_dir, BIG)
+    app = create_app(model_dir, max_request_work=units, max_queue_work=units, max_queue=100, max_wait_ms=0)
     batcher = app.state.batcher
     translate_group = batcher.translate_group
     batcher.translate_group = lambda *args: (time.sleep(0.5), translate_group(*args))[1]
@@ -679,7 +706,7 @@ def test_a_full_queue_counts_work_not_requests(model_dir):
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
-                big = asyncio.create_task(client.post("/v1/translate", json={"texts": [DATES[0]], "beam_size": 10, "max_length": 20}))
+                big = asyncio.create_task(client.post("/v1/translate", json=BIG))
                 await asyncio.sleep(0.2)
                 small = await client.post("/v1/translate", json={"texts": [DATES[1]], "beam_size": 1, "max_length": 1})
                 return await big, small
@@ -687,20 +714,21 @@ def test_a_full_queue_counts_work_not_requests(model_dir):
     big, small = asyncio.run(scenario())
     assert big.status_code == 200
     assert small.status_code == 503 and int(small.headers["retry-after"]) >= 1
-    assert "200 units of work" in small.json()["detail"], small.json()
+    assert f"{units} units of work" in small.json()["detail"], small.json()
 
 
-@pytest.mark.parametrize("max_work, batches", [(300, 2), (400, 1)])
-def test_a_batch_holds_at_most_max_request_work(model_dir, max_work, batches):
-    # Two requests of 200 units each (beam 10 x max_length 20), sent together: one batch if the limit allows 400.
+@pytest.mark.parametrize("twice, batches", [(False, 2), (True, 1)])
+def test_a_batch_holds_at_most_max_request_work(model_dir, twice, batches):
+    # Two requests of beam 10 x max_length 20, sent together: one batch if the limit allows twice their work.
+    units = units_asked(model_dir, BIG)
+    max_work = 2 * units if twice else 2 * units - 1
     app = create_app(model_dir, max_request_work=max_work, max_queue_work=1000, max_wait_ms=300)
 
     async def scenario():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=30) as client:
-                body = {"texts": [DATES[0]], "beam_size": 10, "max_length": 20}
-                responses = await asyncio.gather(*[client.post("/v1/translate", json=body) for _ in range(2)])
+                responses = await asyncio.gather(*[client.post("/v1/translate", json=BIG) for _ in range(2)])
                 return responses, (await client.get("/v1/stats")).json()
 
     responses, stats = asyncio.run(scenario())

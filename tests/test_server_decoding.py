@@ -8,9 +8,11 @@ invalid option answers 422 are with the others in tests/test_server.py (BAD_REQU
 
 import asyncio
 import math
+import re
 
 import httpx
 import pytest
+import torch
 
 from qkv import checkpoint
 from qkv.decode import DecodeConfig, beam_search
@@ -136,29 +138,131 @@ def test_requests_with_different_settings_batched_together_get_what_they_get_alo
     assert len({a["translations"][1] for a in alone}) >= 6, "the settings must change the outputs for this test to mean much"
 
 
-def test_the_work_of_a_request_counts_the_beam_sampling_and_scoring(random_checkpoint, loaded):
-    text = "Two children play with a red ball."
-    T = min(int(1.5 * (len(loaded.tokenizer.encode(text)) + 1) + 10), loaded.model.config.max_len - 1)  # most output tokens
-    units = {  # units of work per output token
-        "greedy": ({"beam_size": 1}, 1),
-        "greedy, scored": ({"beam_size": 1, "n_best": 1}, 2),
-        "beam 4, n-best 4": ({"beam_size": 4, "n_best": 4}, 4),
-        "beam 16, n-best 16": ({"beam_size": 16, "n_best": 16}, 16),
-        "sampling": ({"sampling": True}, 1),
-        "sampling, scored": ({"sampling": True, "n_best": 1}, 2),
-        "top_k": ({"sampling": True, "top_k": 10}, 2),
-        "top_p": ({"sampling": True, "top_p": 0.9}, 12),
+LONG = "Two children play with a red ball. " * 28  # 980 characters, 672 tokens for the random model's tokenizer
+
+
+def units_asked(checkpoint_dir, bodies: list[dict]) -> list[int]:
+    """The units of work the server says each body asks for: in the 422 of a server that allows 1 (or 1,
+    if that server translates it)."""
+    responses, _ = exchange(checkpoint_dir, bodies, max_request_work=1, max_queue_work=1)
+    found = [re.search(r"asks for (\d+) units", r.text) for r in responses]
+    assert all(f or r.status_code == 200 for f, r in zip(found, responses)), [r.text[:300] for r in responses]
+    return [int(f.group(1)) if f else 1 for f in found]
+
+
+def test_each_request_is_served_at_exactly_its_work_and_refused_one_unit_below(random_checkpoint):
+    bodies = [
+        {"texts": ["Two children play with a red ball."], **options}
+        for options in ({"beam_size": 1}, {"beam_size": 1, "n_best": 1}, {"beam_size": 16, "n_best": 16},
+                        {"sampling": True}, {"sampling": True, "top_p": 0.9}, {"beam_size": 2, "attention": True})
+    ]
+    for body, units in zip(bodies, units_asked(random_checkpoint, bodies)):
+        responses, stats = exchange(random_checkpoint, [body, body], max_request_work=units, max_queue_work=units)
+        assert [r.status_code for r in responses] == [200, 200], (body, units, [r.text for r in responses])
+        (refused,), _ = exchange(random_checkpoint, [body], max_request_work=units - 1, max_queue_work=units)
+        assert refused.status_code == 422, (body, units, refused.text)
+        (problem,) = refused.json()["detail"]
+        assert problem["loc"] == ["body", "texts"] and problem["type"] == "too_much_work"
+        assert f"asks for {units} units" in problem["msg"] and "--max-request-work" in problem["msg"], problem
+
+
+def measured_flops(batcher, body: dict) -> int:
+    """Floating-point operations of the matrix products the server's model thread runs for ``body``:
+    the search, the scores and the attention it asks for, with a model that never says EOS (so every
+    search runs to its limit, the worst case a charge must cover). Counted on F.linear (oneDNN's
+    products are invisible to the counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from qkv import kernels
+    from qkv.batcher import Job
+    from qkv.server_api import request_model, settings_of
+
+    model, tok = batcher.model, batcher.tokenizer
+    request = request_model(max_texts=64, max_chars=1000, max_output=model.config.max_len - 1, vocab_size=tok.vocab_size)
+    settings = settings_of(request(**body))
+    src_ids = [ids[: model.config.max_len - 1] for ids in tok.encode_batch(body["texts"])]
+    loop = asyncio.new_event_loop()
+    job = Job(body["texts"], src_ids, settings, batcher.work(src_ids, settings), loop.create_future())
+    no_eos = model.generator.register_forward_hook(
+        lambda module, inputs, out: out.index_fill(-1, torch.tensor([tok.eos_id]), float("-inf")))
+    onednn = kernels.prefer_onednn(False)
+    try:
+        with FlopCounterMode(display=False) as counter:
+            batcher.translate_group(settings.search(), [job])
+    finally:
+        kernels.prefer_onednn(onednn)
+        no_eos.remove()
+        loop.close()
+    return counter.get_total_flops()
+
+
+def test_the_work_charged_ranks_requests_as_their_measured_cost(random_checkpoint):
+    """The charge follows what the server computes: of two requests whose matrix products differ 3x
+    or more, the costlier is charged more. Among them 64 one-word texts and 64 texts of 672 tokens,
+    both at max_length 1: alike for the decoder, 60x apart for the encoder."""
+    app = create_app(random_checkpoint)
+    batcher = app.state.batcher
+    requests = {
+        "1 short, greedy, 10 tokens": {"texts": ["A dog runs."], "beam_size": 1, "max_length": 10},
+        "1 short, greedy scored, 10 tokens": {"texts": ["A dog runs."], "beam_size": 1, "n_best": 1, "max_length": 10},
+        "64 short, max_length 1": {"texts": ["A dog."] * 64, "beam_size": 1, "max_length": 1},
+        "64 long, max_length 1": {"texts": [LONG] * 64, "beam_size": 1, "max_length": 1},
+        "1 long, max_length 1": {"texts": [LONG], "beam_size": 1, "max_length": 1},
+        "1 long, max_length 1, attention": {"texts": [LONG], "beam_size": 1, "max_length": 1, "attention": True},
+        "1 short, beam 16, 60 tokens": {"texts": ["A dog runs."], "beam_size": 16, "max_length": 60},
+        "8 short, beam 4, 40 tokens": {"texts": ["Two children play with a red ball."] * 8, "beam_size": 4, "max_length": 40},
+        "4 long, beam 2, 200 tokens": {"texts": [LONG] * 4, "beam_size": 2, "max_length": 200},
     }
-    bodies = [{"texts": [text], **options} for options, _ in units.values()]
-    # Each request is served under a limit of exactly its work and refused one unit below it.
-    for max_work in sorted({u * T + below for _, u in units.values() for below in (-1, 0)}):
-        responses, stats = exchange(random_checkpoint, bodies, max_request_work=max_work, max_queue_work=max_work)
-        for name, response, (_, u) in zip(units, responses, units.values()):
-            if u * T <= max_work:
-                assert response.status_code == 200, (name, max_work, response.text)
-                continue
-            assert response.status_code == 422, (name, max_work, response.text)
-            (problem,) = response.json()["detail"]
-            assert problem["loc"] == ["body", "texts"] and problem["type"] == "too_much_work"
-            assert f"asks for {u * T} units" in problem["msg"] and "--max-request-work" in problem["msg"], problem
-        assert stats["requests"] == sum(u * T <= max_work for _, u in units.values())
+    charged = dict(zip(requests, units_asked(random_checkpoint, list(requests.values()))))
+    flops = {name: measured_flops(batcher, body) for name, body in requests.items()}
+    wrong = [(a, b) for a in requests for b in requests if flops[a] >= 3 * flops[b] and not charged[a] > charged[b]]
+    assert not wrong, "\n".join(f"{a}: {flops[a]:,} FLOPs, {charged[a]} units; {b}: {flops[b]:,} FLOPs, {charged[b]} units"
+                                for a, b in wrong)
+    assert flops["64 long, max_length 1"] > 30 * flops["64 short, max_length 1"], flops  # the case that was charged alike
+
+
+def test_attention_pays_for_every_weight_it_computes(random_checkpoint, monkeypatch):
+    """With "attention": true the server computes every attention weight of one more pass, the
+    encoder's self-attention included (layers x heads x S x S: about a million for one long text at
+    max_length 1, where the weights returned are 2 x S per head and layer). Counted as they are made,
+    each thousand costs at least a unit more than the same request without attention."""
+    import qkv.attention
+
+    made = []
+    attend = qkv.attention.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        out, weights = attend(*args, **kwargs)
+        if weights is not None:
+            made.append(weights.numel())
+        return out, weights
+
+    monkeypatch.setattr(qkv.attention, "scaled_dot_product_attention", counting)
+    body = {"texts": [LONG, LONG], "beam_size": 1, "max_length": 1}
+    with_attention, without = units_asked(random_checkpoint, [{**body, "attention": True}, body])
+    assert answers(random_checkpoint, [{**body, "attention": True}])[0]["attention"]
+    assert sum(made) > 1_000_000, made  # the test needs the encoder's weights to dominate
+    assert with_attention - without >= sum(made) / 1000, (with_attention, without, sum(made))
+
+
+def test_long_sources_at_max_length_1_are_charged_for_their_source_tokens(random_checkpoint):
+    """64 texts of 672 tokens at max_length 1 decode 64 tokens but encode 43,000: over the default limit
+    of 20,000 units. The same texts fit a server that allows their work, and wait in its queue as that much."""
+    body = {"texts": [LONG] * 64, "beam_size": 1, "max_length": 1}
+    (refused,), stats = exchange(random_checkpoint, [body])
+    assert refused.status_code == 422, refused.text
+    (problem,) = refused.json()["detail"]
+    assert problem["type"] == "too_much_work" and "--max-request-work" in problem["msg"], problem
+    assert re.search(r"\b(4\d{4}) for source tokens, 64 for output tokens", problem["msg"]), problem
+    assert stats["requests"] == 0  # refused before it was queued
+    # A queue with room for the work of one such request, and a second one at once: 503.
+    app = create_app(random_checkpoint, max_request_work=50_000, max_queue_work=50_000, max_wait_ms=0)
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return await asyncio.gather(*[client.post("/v1/translate", json=body) for _ in range(2)])
+
+    statuses = sorted(r.status_code for r in asyncio.run(scenario()))
+    assert statuses == [200, 503], statuses

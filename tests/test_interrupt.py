@@ -1,0 +1,72 @@
+"""Ctrl-C during ``qkv translate --workers 2``: one line from the command, no traceback from its
+workers, no process and no file left behind.
+
+Ctrl-C in a terminal sends SIGINT to the whole foreground process group, the forked workers
+included; the test does the same to a command started in a process group of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RANDOM_MODEL_SENTENCES
+
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+pytestmark = [pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc"),
+              pytest.mark.skipif(CPUS < 2, reason="two workers need two CPUs")]
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_checkpoint, tmp_path, command):
+    work = tmp_path / "work"
+    work.mkdir()
+    src = work / "in.txt"
+    src.write_text("\n".join(RANDOM_MODEL_SENTENCES * 200) + "\n")  # minutes of work for the random model
+    before = sorted(os.listdir(work))
+    common = ["--checkpoint", str(random_checkpoint), "--beam", "4", "--batch-tokens", "100", "--workers", "2"]
+    args = (["translate", *common, "-i", str(src), "-o", str(work / "out.txt")] if command == "translate" else
+            ["evaluate", *common, "--src-file", str(src), "--ref-file", str(src), "--save", str(work / "out.txt")])
+    process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_group(process.pid)) < 3:  # the command and its two workers
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # searching now
+        assert process.poll() is None, "the input must keep the command busy for this test to mean anything"
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines() == ["interrupted"], err
+    assert process.returncode == 130 and out == ""
+    deadline = time.monotonic() + 5  # the workers are gone with the command, not a second later
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group(process.pid) == []
+    assert sorted(os.listdir(work)) == before  # no output, no temporary file
