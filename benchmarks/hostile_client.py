@@ -92,9 +92,11 @@ async def largest_accepted(http: httpx.AsyncClient, url: str, candidates: list[d
 
 
 def work_candidates(limits: dict, max_output: int) -> list[dict]:
-    """Two long texts at beam 16 with max_length as large as --max-request-work allows, then smaller."""
+    """Two long texts at beam 16 with max_length as large as --max-request-work allows, then smaller.
+    The server charges each text's source tokens too (at most ``max_output`` + 1 of them, EOS
+    included): room is left for them."""
     text = (SENTENCE + " ") * (limits["max_chars"] // (len(SENTENCE) + 1))
-    length = min(max_output, limits["max_request_work"] // (16 * 2))
+    length = min(max_output, (limits["max_request_work"] - 2 * (max_output + 1)) // (16 * 2))
     return [{"texts": [text, text], "beam_size": 16, "max_length": max(1, length - k)} for k in range(0, length, max(1, length // 20))]
 
 
