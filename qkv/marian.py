@@ -6,10 +6,14 @@ A Marian directory is what ``save_pretrained`` writes for a ``MarianMTModel`` an
     source.spm, target.spm                   a SentencePiece model for each side
     vocab.json                               one vocabulary: piece -> id, for both sides
     tokenizer_config.json                    the special tokens and languages (optional)
-No hub is contacted: the user supplies the directory. Weights are read without unpickling anything:
+No hub is contacted: the user supplies the directory, and nothing in it is trusted. Every value the
+import reads from the JSON files is checked for its type and range, and the model the config describes
+is measured on the meta device against the weight file's size before anything is allocated, as
+``qkv.checkpoint`` does for qkv's own checkpoints. Weights are read without unpickling anything:
 safetensors, or a ``pytorch_model.bin`` through ``torch.load(weights_only=True)``, which refuses a
-pickle that holds more than tensors. The weights are converted by ``qkv.convert.from_marian``; the
-tokenizer becomes a ``qkv.tokenizer.MarianTokenizer``, stored in the checkpoint's ``tokenizer.model``.
+pickle that holds more than tensors (on torch 2.6 or later only: before it, a crafted file runs code
+there, CVE-2025-32434). The weights are converted by ``qkv.convert.from_marian``; the tokenizer
+becomes a ``qkv.tokenizer.MarianTokenizer``, stored in the checkpoint's ``tokenizer.model``.
 ``transformers`` is imported only when a function here is called.
 """
 
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import reprlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,8 +32,11 @@ from typing import Any
 import torch
 
 from qkv import checkpoint
-from qkv.convert import from_marian, to_marian
+from qkv.checkpoint import MAX_LAYERS, CheckpointError
+from qkv.config import ModelConfig
+from qkv.convert import from_marian, marian_config, to_marian
 from qkv.export import check_export_out, write_export
+from qkv.model import Transformer
 from qkv.outputs import check_checkpoint_out
 from qkv.tokenizer import MarianTokenizer, Tokenizer, TokenizerError
 
@@ -36,6 +45,34 @@ SPM_FILES, VOCAB, TOKENIZER_CONFIG = ("source.spm", "target.spm"), "vocab.json",
 # Generation settings of the original model, kept in the checkpoint and written back on export, so that
 # ``generate()`` on an exported OPUS-MT model searches as the original did (not with transformers' defaults).
 GENERATION_KEYS = ("bad_words_ids", "num_beams", "max_length")
+SAFE_TORCH_LOAD = (2, 6)  # torch.load(weights_only=True) runs code in crafted files before 2.6 (CVE-2025-32434)
+MAX_SIZE = 1 << 24  # no size or id of a real model comes near; every product of two stays inside int64
+
+
+def _whole(low: int) -> Callable[[Any], bool]:
+    return lambda v: type(v) is int and low <= v <= MAX_SIZE
+
+
+def _rate(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value < 1
+
+
+# The config.json keys the import reads, each with its check. No other key reaches transformers (its
+# bookkeeping, id2label, init_std ... do not change the weights' layout), so none goes unchecked.
+_POSITIVE = (
+    "vocab_size", "d_model", "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads",
+    "decoder_attention_heads", "max_position_embeddings",
+)
+_COUNTS = ("encoder_layers", "decoder_layers", "pad_token_id", "eos_token_id", "decoder_start_token_id")
+_SWITCHES = ("scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings")
+CONFIG_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{key: (_whole(1), f"an integer from 1 to {MAX_SIZE}") for key in _POSITIVE},
+    **{key: (_whole(0), f"an integer from 0 to {MAX_SIZE}") for key in _COUNTS},
+    "decoder_vocab_size": (lambda v: v is None or _whole(1)(v), f"null or an integer from 1 to {MAX_SIZE}"),
+    **{key: (_rate, "a number in [0, 1)") for key in ("dropout", "attention_dropout")},
+    **{key: (lambda v: type(v) is bool, "true or false") for key in _SWITCHES},
+    "activation_function": (lambda v: isinstance(v, str), "a string"),
+}
 
 
 def _transformers():
@@ -65,15 +102,63 @@ def _quiet() -> Iterator[None]:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]})") from None
 
 
-def _token(value: Any, default: str) -> str:
+def _wrong(path: Path, key: str, expected: str, value: Any) -> CheckpointError:
+    return CheckpointError(f"{path}: {key} must be {expected}, got {reprlib.repr(value)}")
+
+
+def _token(value: Any, path: Path, key: str) -> str:
     """A special token from tokenizer_config.json: a string, or an AddedToken's {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else default
+    content = value.get("content") if isinstance(value, dict) else value
+    if not isinstance(content, str):
+        raise _wrong(path, key, 'a string or {"content": string}', value)
+    return content
+
+
+def _model_settings(config: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The values of ``CONFIG_KEYS`` in config.json, each checked (absent ones keep MarianConfig's defaults)."""
+    for key, (valid, expected) in CONFIG_KEYS.items():
+        if key in config and not valid(config[key]):
+            raise _wrong(path, key, expected, config[key])
+    return {key: config[key] for key in CONFIG_KEYS if key in config}
+
+
+def _check_size(model_config: ModelConfig, weights: Path) -> None:
+    """Refuse a config that asks for more layers than ``MAX_LAYERS``, or for much more memory than its
+    weight file holds, before anything is allocated: the rule of ``qkv.checkpoint``, measured on qkv's
+    model built on the meta device (transformers' model and the conversion hold a few times as much)."""
+    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
+        raise CheckpointError(f"{weights}: its config.json asks for more than {MAX_LAYERS} layers: refused")
+    with torch.device("meta"):  # shapes without memory
+        meta = Transformer(model_config)
+    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
+    size = weights.stat().st_size
+    if needed > 2 * size + (64 << 20):
+        raise CheckpointError(
+            f"{weights}: its config.json asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
+            f"{size / 2**20:,.1f} MiB: refused before allocating"
+        )
+
+
+def torch_version() -> tuple[int, int]:
+    """The running torch's (major, minor); (0, 0) when its version string cannot be read."""
+    match = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+def weights_file(hf_dir: Path) -> Path:
+    """model.safetensors, else pytorch_model.bin, which only a torch that reads it safely may open."""
+    if (hf_dir / SAFETENSORS).is_file():
+        return hf_dir / SAFETENSORS
+    if torch_version() < SAFE_TORCH_LOAD:
+        raise CheckpointError(
+            f"{hf_dir / PYTORCH_BIN} is refused: torch {torch.__version__} can run code hidden in such a file "
+            f"(CVE-2025-32434); convert it to {SAFETENSORS}, or upgrade torch to 2.6 or later"
+        )
+    return hf_dir / PYTORCH_BIN
 
 
 def _check_directory(hf_dir: Path) -> dict[str, Any]:
@@ -102,12 +187,12 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if (hf_dir / SAFETENSORS).is_file():
+    path = weights_file(hf_dir)
+    if path.name == SAFETENSORS:
         try:
-            return load_file(str(hf_dir / SAFETENSORS))
+            return load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise ValueError(f"{hf_dir / SAFETENSORS} cannot be read as safetensors ({error})") from None
-    path = hf_dir / PYTORCH_BIN
+            raise ValueError(f"{path} cannot be read as safetensors ({error})") from None
     try:
         weights = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -125,7 +210,11 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 def _marian_model(hf_config: Any, weights: dict[str, torch.Tensor], where: Path) -> Any:
     """A ``MarianMTModel`` holding ``weights``: every parameter loaded, or tied to one that was."""
     model = _transformers().MarianMTModel(hf_config).eval()
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as error:  # a shape that is not the config's
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise CheckpointError(f"{where} does not match its config.json: {lines[-1] if lines else error}") from None
     state = model.state_dict()
     loaded = {t.data_ptr() for name, t in state.items() if name in weights}
     positions = "embed_positions"  # the sinusoidal tables, which the model computes itself
@@ -146,24 +235,39 @@ def _check_positions(weights: dict[str, torch.Tensor], table: torch.Tensor, wher
 
 def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
     """The qkv ``MarianTokenizer`` of a Marian directory, checked against the model's config."""
-    settings = _read_json(hf_dir / TOKENIZER_CONFIG) if (hf_dir / TOKENIZER_CONFIG).is_file() else {}
+    path = hf_dir / TOKENIZER_CONFIG
+    settings = _read_json(path) if path.is_file() else {}
     if not isinstance(settings, dict):
-        raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} is not a JSON object")
+        raise ValueError(f"{path} is not a JSON object")
+    for key in ("separate_vocabs", "clean_up_tokenization_spaces"):
+        if settings.get(key) is not None and type(settings[key]) is not bool:
+            raise _wrong(path, key, "true, false or null", settings[key])
+    for key in ("source_lang", "target_lang"):
+        if settings.get(key) is not None and not isinstance(settings[key], str):
+            raise _wrong(path, key, "a string or null", settings[key])
     if settings.get("separate_vocabs"):
         raise ValueError(f"{hf_dir} has separate source and target vocabularies: qkv supports one shared vocab.json")
-    special = [_token(settings.get(f"{role}_token"), default) for role, default in (("eos", "</s>"), ("unk", "<unk>"), ("pad", "<pad>"))]
-    added = settings.get("added_tokens_decoder") or {}
-    added = [_token(t, "") for t in (added.values() if isinstance(added, dict) else added)]
-    extra = sorted({t for t in [*added, *map(str, settings.get("additional_special_tokens") or [])] if t not in special})
+    defaults = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    special = [_token(settings.get(key, default), path, key) for key, default in defaults.items()]
+    added: list[str] = []
+    for key in ("added_tokens_decoder", "additional_special_tokens"):
+        tokens = [] if settings.get(key) is None else settings[key]
+        if isinstance(tokens, dict):  # added_tokens_decoder: id -> token
+            tokens = list(tokens.values())
+        if not isinstance(tokens, list):
+            raise _wrong(path, key, "a list or an object of tokens", tokens)
+        added += [_token(token, path, key) for token in tokens]
+    extra = sorted({t for t in added if t not in special})
     if extra:  # transformers would give them ids of their own and split sentences at them
-        raise ValueError(f"{hf_dir / TOKENIZER_CONFIG} adds tokens qkv's Marian tokenizer does not have ({', '.join(extra[:3])})")
+        shown = ", ".join(repr(t)[1:-1] for t in extra[:3])  # escaped: a token may hold a line break
+        raise ValueError(f"{path} adds tokens qkv's Marian tokenizer does not have ({shown})")
     try:
         tokenizer = MarianTokenizer(
             source_spm=(hf_dir / SPM_FILES[0]).read_bytes(), target_spm=(hf_dir / SPM_FILES[1]).read_bytes(),
             vocab=_read_json(hf_dir / VOCAB), decoder_start_id=hf_config.decoder_start_token_id,
             eos=special[0], unk=special[1], pad=special[2], source_lang=settings.get("source_lang"),
             target_lang=settings.get("target_lang"),
-            clean_up_tokenization_spaces=settings.get("clean_up_tokenization_spaces", False), name=str(hf_dir),
+            clean_up_tokenization_spaces=bool(settings.get("clean_up_tokenization_spaces")), name=str(hf_dir),
         )
     except TokenizerError as error:
         raise ValueError(str(error)) from None
@@ -174,12 +278,29 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
     return tokenizer
 
 
-def _generation(hf_dir: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The original generation settings (generation_config.json over config.json), for the export."""
+def _generation(hf_dir: Path, config: dict[str, Any], vocab_size: int) -> dict[str, Any]:
+    """The original generation settings (generation_config.json over config.json; null is unset), checked,
+    for the export."""
     path = hf_dir / "generation_config.json"
     generation = _read_json(path) if path.is_file() else {}
-    sources = [generation, config] if isinstance(generation, dict) else [config]
-    return {key: next(s[key] for s in sources if key in s) for key in GENERATION_KEYS if any(key in s for s in sources)}
+    if not isinstance(generation, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    kept = {}
+    for key in GENERATION_KEYS:
+        found = [(where, s[key]) for where, s in ((path, generation), (hf_dir / HF_CONFIG, config)) if s.get(key) is not None]
+        if not found:
+            continue
+        where, value = found[0]
+        if key == "bad_words_ids":
+            valid = isinstance(value, list) and all(
+                isinstance(ids, list) and ids and all(type(i) is int and 0 <= i < vocab_size for i in ids) for ids in value
+            )
+            if not valid:
+                raise _wrong(where, key, f"a list of non-empty lists of token ids (0 to {vocab_size - 1})", value)
+        elif not _whole(1)(value):
+            raise _wrong(where, key, f"an integer from 1 to {MAX_SIZE}", value)
+        kept[key] = value
+    return kept
 
 
 def import_marian(hf_dir: str | Path, out: str | Path, *, force: bool = False) -> checkpoint.Checkpoint:
@@ -190,14 +311,20 @@ def import_marian(hf_dir: str | Path, out: str | Path, *, force: bool = False) -
     hf_dir, out = Path(hf_dir), Path(out)
     check_checkpoint_out(out, force=force)
     config = _check_directory(hf_dir)
-    hf_config = _transformers().MarianConfig.from_dict(config)
-    tokenizer = read_tokenizer(hf_dir, hf_config)
+    hf_config = _transformers().MarianConfig.from_dict(_model_settings(config, hf_dir / HF_CONFIG))
+    tokenizer = read_tokenizer(hf_dir, hf_config)  # its files are read whole, so its memory is theirs
+    try:
+        model_config = marian_config(hf_config)
+    except ValueError as error:  # values that do not go together (d_model and the heads, activations, ...)
+        raise CheckpointError(f"{hf_dir / HF_CONFIG}: {error}") from None
+    _check_size(model_config, weights_file(hf_dir))
+    generation = _generation(hf_dir, config, hf_config.vocab_size)
     weights = read_weights(hf_dir)
     model = from_marian(_marian_model(hf_config, weights, hf_dir))
     _check_positions(weights, model.positions.table.float(), hf_dir)
     languages = {"src_lang": tokenizer.source_lang, "tgt_lang": tokenizer.target_lang}
     configs = {
-        "marian": {"source": str(hf_dir.resolve()), "generation": _generation(hf_dir, config)},
+        "marian": {"source": str(hf_dir.resolve()), "generation": generation},
         # evaluate and export default to Multi30k in these languages, as for a checkpoint qkv trained
         "data": {k: v for k, v in languages.items() if v},
     }

@@ -401,7 +401,7 @@ def test_import_and_export_never_write_over_a_users_files(marian_dir, imported, 
     for force in ((), ("--force",)):
         refused(in_process(capsys, "import", "marian", marian_dir, "--out", mine, *force), "import", "exists; pass --force" if not force else "is not a qkv checkpoint")
         refused(in_process(capsys, "export", "--format", "marian", "--checkpoint", imported, "--out", mine, "--check", "0", *force), "export", "not an earlier qkv export")
-        refused(in_process(capsys, "export", "--format", "marian", "--checkpoint", imported, "--out", imported, "--check", "0", *force), "export", "not an earlier qkv export")
+        refused(in_process(capsys, "export", "--format", "marian", "--checkpoint", imported, "--out", imported, "--check", "0", *force), "export", "which this command reads")
     assert snapshot(mine) == {"notes.txt": b"my notes"}
     checkpoint.verify(imported)
     # --force replaces a qkv checkpoint (import) and an earlier export (export), nothing else
@@ -488,7 +488,8 @@ def test_a_model_qkv_trained_exports_to_marian(random_checkpoint, tmp_path, caps
 
 def test_fine_tuning_an_imported_model(imported, tmp_path, capsys):
     """`qkv train --init-from` on an imported model: the run keeps its Marian tokenizer, starts from its
-    weights and lowers its perplexity on the new text; the result exports back to Marian."""
+    weights and lowers its perplexity on the new text; the result exports back to Marian with the original
+    generation settings."""
     from qkv.score import perplexity, score_pairs
 
     pairs = list(zip(multi30k_lines("train", "en", 200, start=1000), multi30k_lines("train", "de", 200, start=1000)))
@@ -505,3 +506,5 @@ def test_fine_tuning_an_imported_model(imported, tmp_path, capsys):
     after = perplexity(score_pairs(child.model, child.tokenizer, src, tgt))
     assert after < 0.8 * before, (before, after)
     assert cli.main(["export", "--format", "marian", "--checkpoint", str(run / "final"), "--out", str(tmp_path / "marian"), "--check", "0"]) == 0
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "marian")
+    assert (generation.num_beams, generation.max_length) == (4, 64)  # the original's search, kept through fine-tuning
