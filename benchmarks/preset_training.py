@@ -10,10 +10,10 @@ and the share of the process's CPU time spent in the kernel (``getrusage``), and
 memory of the row (``VmHWM`` after resetting it through ``/proc/self/clear_refs``).
 
 The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer with them off:
-``tune_allocator`` (``qkv.speed``; off means glibc's own steady state, restored by
-``qkv.speed.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
+``tune_allocator`` (``qkv.cpu``; off means glibc's own steady state, restored by
+``qkv.cpu.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
 ``adam`` ("for": PyTorch's per-tensor loop) and ``onednn`` (``qkv.kernels``; off: MKL through
-``F.linear``); ``fast_dropout`` (``qkv.speed.FastDropout``) is off by
+``F.linear``); ``fast_dropout`` (``qkv.dropout.FastDropout``) is off by
 default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own, as
 has ``bf16`` (the fused loss's products in bfloat16: not the same numbers either; on a CPU without
 native bfloat16 its rows run in float32, and the table says so).
@@ -32,7 +32,9 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, forward_flops
 from benchmarks.probe import busy, load as load_average, throwaway_trainer
-from qkv import kernels, speed
+from qkv import cpu, kernels
+from qkv.dropout import FastDropout
+from qkv.recipes import adam_kernel
 from qkv.data import collate
 from qkv.train import Trainer, build_configs, cpu_bf16_loss
 
@@ -90,9 +92,9 @@ def _measure(step, batches: list) -> dict:
 
 def _allocator(tuned: bool) -> None:
     """glibc's steady state, its free memory given back (so that each row's peak RSS is its own), then tuned or not."""
-    speed.untune_allocator()
+    cpu.untune_allocator()
     if tuned:
-        speed.tune_allocator()
+        cpu.tune_allocator()
 
 
 def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
@@ -103,13 +105,13 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     trainer.fused_loss = cfg.fused_loss
     trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
     kernels.prefer_onednn(cfg.onednn)
-    for module in list(trainer.model.modules()):  # nn.Dropout or speed.FastDropout, as the flag says
+    for module in list(trainer.model.modules()):  # nn.Dropout or FastDropout, as the flag says
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout):
-                setattr(module, name, (speed.FastDropout if cfg.fast_dropout else torch.nn.Dropout)(child.p))
+                setattr(module, name, (FastDropout if cfg.fast_dropout else torch.nn.Dropout)(child.p))
     trainer.model.load_state_dict(initial)
     trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                         **speed.adam_kernel(cfg.adam))
+                                         **adam_kernel(cfg.adam))
     trainer.step = 0
     _allocator(cfg.tune_allocator)
     torch.manual_seed(0)
@@ -140,7 +142,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
         _allocator(True)
         torch.manual_seed(0)
         model = TorchTransformer(config).train()
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **speed.adam_kernel("fused"))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **adam_kernel("fused"))
 
         def step(batch):
             src, tgt_in, tgt_out = collated[id(batch)]
@@ -167,7 +169,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
             samples[key].append(sample)
             log(f"training preset, repeat {repeat + 1}/{repeats}, {key}: {timed / sample['seconds']:.2f} steps/s, "
                 f"{sample['faults'] / timed:.0f} faults/step, system {100 * sample['system_share']:.1f}%, load {load:.2f}")
-    speed.tune_allocator()
+    cpu.tune_allocator()
     kernels.prefer_onednn(onednn)
     table = []
     for key, label, _ in chosen:
@@ -188,7 +190,7 @@ def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0,
     return {"model": {k: getattr(config, k) for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "tgt_vocab_size")},
             "parameters": trainer.model.num_parameters(), "batches": len(timed_batches),
             "sentences": sentences, "target_tokens": tokens, "repeats": repeats, "threads": torch.get_num_threads(),
-            "bf16_native": speed.cpu_has_bf16(),
+            "bf16_native": cpu.cpu_has_bf16(),
             "peak_gflops": peak_flops / 1e9, "rows": table}
 
 

@@ -140,7 +140,7 @@ def train_memory_step(batch_tokens: int, length: int, model: dict) -> Callable[[
     source and target tokens per side, in sentences of ``length`` tokens."""
     from qkv.config import ModelConfig
     from qkv.model import Transformer
-    from qkv.train import label_smoothed_loss
+    from qkv.loss import label_smoothed_loss
 
     torch.manual_seed(0)
     config = ModelConfig.from_dict(model)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from benchmarks.baselines import TorchTransformer, TutorialTransformer, fixed_batches, forward_flops
 from benchmarks.probe import throwaway_trainer
 from qkv.data import collate
-from qkv.train import Trainer, build_configs
+from qkv.train import Trainer
+from qkv.recipes import build_configs
 
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, norm_first=False)
 SMALL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, norm_first=False)

@@ -25,7 +25,7 @@ from benchmarks.baselines import forward_flops
 from benchmarks.preset_training import NEW, _configure, _measure
 from benchmarks.probe import busy, load as load_average, throwaway_trainer
 from qkv.data import token_batches
-from qkv.train import build_configs
+from qkv.recipes import build_configs
 
 SIZES = (4000, 5000, 8000, 10000)
 SMOKE_SIZES = (300, 600)

@@ -14,17 +14,18 @@ import warnings
 
 import torch
 
+from qkv.errors import QkvError
 from qkv.data import collate
 from qkv.decode import DecodeConfig
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import Translator, length_batches
 from qkv.visualize import align_words
 
 
 @torch.inference_mode()
 def align(
-    model: Transformer, tokenizer: Tokenizer, sources: list[str], targets: list[str] | None = None, *,
+    model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str] | None = None, *,
     layer: int = -1, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
     pieces: bool = False,
 ) -> list[list[tuple[int, int]]]:
@@ -42,7 +43,7 @@ def align(
         tgt_ids = [h[0].tokens for h in translator.translate_ids(src_ids)]
     else:
         if len(targets) != len(sources):
-            raise ValueError(f"{len(sources)} sources but {len(targets)} targets: align needs one target per source")
+            raise QkvError(f"{len(sources)} sources but {len(targets)} targets: align needs one target per source")
         limit = model.config.max_len - 1  # room for the EOS
         tgt_ids = [tokenizer.encode_target(t) for t in targets]  # a Marian tokenizer has a target model of its own
         if any(len(ids) > limit for ids in tgt_ids):

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
 from qkv.kernels import Linear, linear
 
 
@@ -122,7 +123,7 @@ def scaled_dot_product_attention(
     if fused is None:
         fused = not need_weights and (torch.is_grad_enabled() or m * n > SHORT_ATTENTION)
     elif fused and need_weights:
-        raise ValueError("the fused kernel returns no weights: need_weights needs fused=False (or None)")
+        raise QkvError("the fused kernel returns no weights: need_weights needs fused=False (or None)")
     if causal and m > 1:  # a single query is the newest position: it sees every key
         future = causal_mask(m, n, q.device)  # (m, n)
         mask = future if mask is None else mask & future
@@ -184,7 +185,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         if (d_k is None or d_v is None) and d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads})")
+            raise QkvError(f"d_model ({d_model}) is not divisible by n_heads ({n_heads})")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_k = d_k if d_k is not None else d_model // n_heads
@@ -246,7 +247,7 @@ class MultiHeadAttention(nn.Module):
         # then attend together, as G * m queries of one sentence, to its keys and values.
         G = q.size(0) // k.size(0)
         if G * k.size(0) != q.size(0):
-            raise ValueError(f"{q.size(0)} query rows do not divide into the {k.size(0)} rows of keys")
+            raise QkvError(f"{q.size(0)} query rows do not divide into the {k.size(0)} rows of keys")
         if G > 1:
             q = fold_groups(q, G)  # (B*G, H, m, d_k) -> (B, H, G*m, d_k)
 

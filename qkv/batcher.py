@@ -39,7 +39,7 @@ from torch import Tensor
 from qkv.decode import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model import Transformer
 from qkv.score import target_log_probs
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import Translator
 from qkv.visualize import attention_of
 
@@ -122,7 +122,7 @@ class Busy(Exception):
     """The queue is full, or the server is shutting down: answer 503 with Retry-After."""
 
 
-class Abandoned(Exception):
+class BatchAbandoned(Exception):
     """Raised inside the model between decoding steps: nobody waits for this batch any more."""
 
 
@@ -182,7 +182,7 @@ class Batcher:
     def __init__(
         self,
         model: Transformer,
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         *,
         max_batch_sentences: int,
         max_batch_tokens: int,
@@ -209,12 +209,12 @@ class Batcher:
         self._decoding: list[Job] = []  # the jobs the model thread works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
         # The output layer runs once per decoding step: the place to notice that nobody waits.
-        model.generator.register_forward_pre_hook(self._stop_if_abandoned)
+        self._hook = model.generator.register_forward_pre_hook(self._stop_if_abandoned)  # removed by close()
 
     def _stop_if_abandoned(self, module: Any, args: Any) -> None:
         jobs = self._decoding
         if self._stop_all or (jobs and all(job.abandoned for job in jobs)):
-            raise Abandoned
+            raise BatchAbandoned
 
     # --- what a request costs -------------------------------------------------------------------
 
@@ -269,6 +269,7 @@ class Batcher:
             await self._queue.put(None)
             await self._task
         self._executor.shutdown(wait=True)
+        self._hook.remove()  # the model is the caller's again, as it was
 
     def queue_depth(self) -> int:
         return self.pending_requests
@@ -354,7 +355,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(self._executor, self.translate_group, settings, jobs)
-        except Abandoned:
+        except BatchAbandoned:
             self.stats.aborted_batches += 1
             for job in jobs:  # only at shutdown can someone still be waiting
                 if not job.abandoned:

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from qkv.errors import QkvError
 from qkv.decode import DecodeConfig, beam_search
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import collate_sources, suppressed_tokens
 
 COLORS = {"live": "#1f77b4", "finished": "#2ca02c", "pruned": "#b0b0b0"}
@@ -65,10 +66,10 @@ class SearchSteps(list):
         super().append({"step": record["step"], "beams": pointers, "candidates": candidates})
 
 
-def trace_beam(model: Transformer, tokenizer: Tokenizer, sentence: str, config: DecodeConfig) -> BeamTrace:
+def trace_beam(model: Transformer, tokenizer: TextTokenizer, sentence: str, config: DecodeConfig) -> BeamTrace:
     """Translate ``sentence`` by beam search (``config.beam_size`` >= 2) and record every step."""
     if config.beam_size < 2 or config.sampling:
-        raise ValueError("a beam trace needs beam search: --beam 2 or more, without --sampling")
+        raise QkvError("a beam trace needs beam search: --beam 2 or more, without --sampling")
     src_ids = tokenizer.encode(sentence)[: model.config.max_len - 1]
     src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
     steps = SearchSteps(tokenizer.pieces)

@@ -52,6 +52,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file, save_model
 
+from qkv.errors import QkvError
 from qkv.config import ModelConfig
 from qkv.model import Transformer
 from qkv.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
@@ -68,7 +69,7 @@ MAX_LAYERS = 1000  # a config asking for more is refused before even a shape-onl
 LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
 
 
-class CheckpointError(ValueError):
+class CheckpointError(QkvError):
     """A checkpoint is missing, incomplete, corrupted or from an unknown format."""
 
 
@@ -460,13 +461,37 @@ def _model_config(config: dict[str, Any], path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: invalid model config ({error})") from None
 
 
+def check_size(model_config: ModelConfig, weights: Path, *, what: str = "its config") -> None:
+    """Refuse a config that asks for more than ``MAX_LAYERS`` layers, or for much more memory than the
+    weight file ``weights`` holds, before anything is allocated. ``what`` names the config in the message."""
+    _check_memory(_meta_model(model_config, weights, what), weights, what)
+
+
+def _meta_model(model_config: ModelConfig, weights: Path, what: str) -> Transformer:
+    """The model of ``model_config`` on the meta device (shapes without memory), once its number of
+    layers is known to be sane."""
+    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
+        raise CheckpointError(f"{weights}: {what} asks for more than {MAX_LAYERS} layers: refused")
+    with torch.device("meta"):
+        return Transformer(model_config)
+
+
+def _check_memory(meta: Transformer, weights: Path, what: str) -> None:
+    """Everything the model will allocate, the positional table (not stored) included, against the
+    file: a config may not ask for much more memory than the weights it comes with."""
+    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
+    size = weights.stat().st_size
+    if needed > 2 * size + (64 << 20):
+        raise CheckpointError(
+            f"{weights}: {what} asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
+            f"{size / 2**20:,.1f} MiB: refused before allocating"
+        )
+
+
 def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
     """Compare the config's parameter shapes with the weight file's header before allocating anything,
     so that a config asking for a huge model cannot allocate more than the file holds."""
-    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
-        raise CheckpointError(f"{weights}: its config asks for more than {MAX_LAYERS} layers: refused")
-    with torch.device("meta"):  # shapes without memory
-        meta = Transformer(model_config)
+    meta = _meta_model(model_config, weights, "its config")
     expected = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
     try:
         with safe_open(str(weights), framework="pt") as handle:
@@ -486,15 +511,7 @@ def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
     missing = [names[0] for names in aliases.values() if not any(n in stored for n in names)]
     if missing:
         raise CheckpointError(f"{weights} lacks {len(missing)} weights its config needs ({_some(missing)})")
-    # Everything the model will allocate, the positional table (not stored) included, against the file:
-    # a config may not ask for much more memory than the weights it comes with.
-    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
-    size = weights.stat().st_size
-    if needed > 2 * size + (64 << 20):
-        raise CheckpointError(
-            f"{weights}: its config asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
-            f"{size / 2**20:,.1f} MiB: refused before allocating"
-        )
+    _check_memory(meta, weights, "its config")
 
 
 def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:

@@ -1,7 +1,4 @@
-"""The ``qkv`` commands that look inside a model: explain, score, align, attend and demo.
-
-They register with ``qkv.cli``'s ``command`` like the others; ``qkv.cli`` imports this module.
-"""
+"""The ``qkv`` commands that look inside a model: doctor, explain, score, align, attend and demo."""
 
 from __future__ import annotations
 
@@ -10,7 +7,38 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.cli import _decode_args, _decode_config, _device, _device_arg, command
+from qkv.errors import QkvError
+from qkv.cli_common import decode_args, decode_config, device_of, device_arg, command
+
+
+def _doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", help="also check decoding on this model: greedy == beam 1, batch invariance")
+    device_arg(p)
+    p.add_argument(
+        "--resume", action="store_true",
+        help="also prove resume is exact here: kill a tiny training run with SIGKILL, resume it, compare bitwise (~1 min)",
+    )
+
+
+@command("doctor", "self-checks of the attention mechanism and the model on this install", _doctor_args)
+def doctor(args: argparse.Namespace) -> int:
+    from qkv.checks import check_resume_exactness, checkpoint_checks, run_checks
+
+    from qkv.devices import describe
+
+    device = device_of(args)
+    print(f"device: {describe(device)}")
+    results = run_checks()
+    if args.checkpoint:
+        results += checkpoint_checks(args.checkpoint, device)
+    if args.resume:
+        results.append(check_resume_exactness())
+    for r in results:
+        print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}: {r.detail}")
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed}/{len(results)} checks passed")
+    return 1 if failed else 0
+
 
 
 def _explain_args(p: argparse.ArgumentParser) -> None:
@@ -35,7 +63,7 @@ def explain_command(args: argparse.Namespace) -> int:
 
     sizes = {"m": args.m, "n": args.n, "d_k": args.d_k, "d_v": args.d_v}
     if not args.random and any(size is not None for size in sizes.values()):
-        raise ValueError("--m, --n, --d-k and --d-v set the sizes of --random inputs; add --random")
+        raise QkvError("--m, --n, --d-k and --d-v set the sizes of --random inputs; add --random")
     mask = None
     if args.json:
         q, k, v, mask = load_inputs(args.json)
@@ -84,7 +112,7 @@ def score_command(args: argparse.Namespace) -> int:
 
 
 def _align_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p, batch_tokens="padded tokens per batch of the alignment pass, each pair counting the longer of its "
+    decode_args(p, batch_tokens="padded tokens per batch of the alignment pass, each pair counting the longer of its "
                                  "source and target (default 2048); without -r, the translations are batched as "
                                  "qkv translate's default")
     p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
@@ -110,9 +138,9 @@ def align_command(args: argparse.Namespace) -> int:
     loaded = checkpoint.load(args.checkpoint)
     cfg = loaded.model.config
     if not 1 <= abs(args.layer) <= cfg.n_decoder_layers or args.layer == 0:
-        raise ValueError(f"--layer must be between 1 and {cfg.n_decoder_layers}")
+        raise QkvError(f"--layer must be between 1 and {cfg.n_decoder_layers}")
     if args.head is not None and not 1 <= args.head <= cfg.n_heads:
-        raise ValueError(f"--head must be between 1 and {cfg.n_heads}")
+        raise QkvError(f"--head must be between 1 and {cfg.n_heads}")
     if args.reference:
         pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
         sources, targets = pairs.src, pairs.tgt
@@ -120,7 +148,7 @@ def align_command(args: argparse.Namespace) -> int:
         sources, targets = read_lines(Path(args.input)), None
     alignments = align(
         loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
-        head=None if args.head is None else args.head - 1, config=_decode_config(args),
+        head=None if args.head is None else args.head - 1, config=decode_config(args),
         max_tokens=args.batch_tokens, pieces=args.pieces,
     )
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
@@ -129,8 +157,8 @@ def align_command(args: argparse.Namespace) -> int:
 
 
 def _attend_args(p: argparse.ArgumentParser) -> None:
-    _decode_args(p, batch_tokens=None)  # one sentence: no batches
-    _device_arg(p)
+    decode_args(p, batch_tokens=None)  # one sentence: no batches
+    device_arg(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")
     p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")
     p.add_argument("--layer", type=int, default=-1, help="layer to draw, 1-based (default: the last)")
@@ -148,20 +176,20 @@ def attend(args: argparse.Namespace) -> int:
     from qkv.visualize import capture_attention, plot_attention, word_alignment, write_html
 
     if args.trace and Path(args.trace).resolve() == Path(args.out).resolve():
-        raise ValueError("--trace and --out name the same files (OUT.png, OUT.html): give them different names")
+        raise QkvError("--trace and --out name the same files (OUT.png, OUT.html): give them different names")
     reads = read_dirs([args.checkpoint])
     for path in (f"{args.out}.png", f"{args.out}.html", args.json, *trace_paths(args.trace)):
         if path:
             check_output(path, force=args.force, reads=reads)
-    loaded = checkpoint.load(args.checkpoint, device=_device(args))
-    capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args))
+    loaded = checkpoint.load(args.checkpoint, device=device_of(args))
+    capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, decode_config(args))
     n_layers = capture.weights(args.kind).size(0)
     layer = args.layer - 1 if args.layer > 0 else args.layer
     if not -n_layers <= layer < n_layers:
-        raise ValueError(f"--layer must be between 1 and {n_layers}")
+        raise QkvError(f"--layer must be between 1 and {n_layers}")
     n_heads = capture.cross.size(1)
     if args.head is not None and not 1 <= args.head <= n_heads:
-        raise ValueError(f"--head must be between 1 and {n_heads}")
+        raise QkvError(f"--head must be between 1 and {n_heads}")
     head = None if args.head is None else args.head - 1
     png = plot_attention(capture, f"{args.out}.png", kind=args.kind, layer=layer, head=head)
     page = write_html(capture, f"{args.out}.html", kind=args.kind, layer=layer)
@@ -175,7 +203,7 @@ def attend(args: argparse.Namespace) -> int:
         print(f"  {tgt_word:>20}  <-  {src_word:<20} {weight:.2f}")
     print(f"wrote {png} and {page}")
     if args.trace:
-        print(f"beam trace: {', '.join(map(str, write_trace(loaded.model, loaded.tokenizer, args.sentence, _decode_config(args), args.trace, force=args.force)))}")
+        print(f"beam trace: {', '.join(map(str, write_trace(loaded.model, loaded.tokenizer, args.sentence, decode_config(args), args.trace, force=args.force)))}")
     return 0
 
 

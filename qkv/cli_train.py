@@ -1,7 +1,6 @@
 """``qkv train``: the command line of a training run, new (``--out``), resumed (``--resume``) or
 fine-tuned (``--init-from``); the loop itself is ``qkv.train.Trainer``.
 
-It registers with ``qkv.cli``'s ``command`` like the others; ``qkv.cli`` imports this module.
 """
 
 from __future__ import annotations
@@ -10,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from qkv.cli import command
+from qkv.errors import QkvError
+from qkv.cli_common import device_of, command
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _train_presets() -> list[str]:
-    from qkv.train import TRAIN_PRESETS
+    from qkv.recipes import TRAIN_PRESETS
 
     return list(TRAIN_PRESETS)
 
@@ -71,17 +71,17 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, ctx) -> int:
-    from qkv.cli import _device
     from qkv import distributed
     from qkv.outputs import check_apart, read_dirs
-    from qkv.rundir import check_new_run, run_entries
+    from qkv.runs import check_new_run, run_entries
     from qkv.stopping import StopRequested
     from qkv import checkpoint
     from qkv.devices import describe
     from qkv.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
-    from qkv.train import Trainer, build_configs
+    from qkv.train import Trainer
+    from qkv.recipes import build_configs
 
-    device = None if ctx.enabled else _device(args)  # torchrun gives each process its device
+    device = None if ctx.enabled else device_of(args)  # torchrun gives each process its device
     if args.tensorboard:  # its event files may not land in a checkpoint the run reads or writes
         run = args.resume or args.out
         check_apart(args.tensorboard, [*read_dirs([args.init_from]), *(run_entries(Path(run)) if run else [])],
@@ -111,7 +111,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             ] if value
         ]  # fmt: skip
         if ignored:
-            raise ValueError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
+            raise QkvError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
         if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
             model = parse_overrides(args.model)
             configs = build_configs(args.preset or "multi30k", model=model, train={}, data=data)
@@ -135,11 +135,11 @@ def _train(args: argparse.Namespace, ctx) -> int:
             print(dump_config(preset, model_cfg, train_cfg, data_cfg), end="")
             return 0
         if not args.out:
-            raise ValueError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
+            raise QkvError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
         # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
         problem = check_new_run(Path(args.out), overwrite=args.overwrite)
         if distributed.any_rank([problem is not None], ctx)[0]:
-            raise ValueError(problem or f"--out {args.out} was refused by another process")
+            raise QkvError(problem or f"--out {args.out} was refused by another process")
         trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent, device=device,
                           tensorboard=args.tensorboard)
         if trainer.deleted:
@@ -183,7 +183,7 @@ def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | 
         if key not in FROM_TOKENIZER and saved[section].get(key) != value and (given is None or key in given[section])
     ]
     if changes:
-        raise ValueError(
+        raise QkvError(
             f"--resume cannot change {', '.join(changes[:3])}{' and more' if len(changes) > 3 else ''}: "
             "the run keeps the model and data it started with; leave out --preset, --model and the data flags"
         )

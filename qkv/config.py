@@ -17,13 +17,15 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from qkv.errors import QkvError
+
 Activation = Literal["relu", "gelu", "silu"]
 PositionLayout = Literal["interleaved", "split"]
 
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class ConfigError(QkvError):
     """A configuration value or key is invalid; the message says which and why."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from qkv.errors import MissingPackage, QkvError
 from qkv.config import ModelConfig
 from qkv.model import Transformer
 
@@ -25,11 +26,11 @@ _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}
 def marian_config(hf_config: Any) -> ModelConfig:
     """The qkv ``ModelConfig`` equivalent to a ``transformers.MarianConfig``."""
     if hf_config.activation_function not in _ACTIVATIONS:
-        raise ValueError(f"unsupported Marian activation {hf_config.activation_function!r}")
+        raise QkvError(f"unsupported Marian activation {hf_config.activation_function!r}")
     if hf_config.encoder_attention_heads != hf_config.decoder_attention_heads:
-        raise ValueError("qkv needs the same number of heads in encoder and decoder")
+        raise QkvError("qkv needs the same number of heads in encoder and decoder")
     if hf_config.encoder_ffn_dim != hf_config.decoder_ffn_dim:
-        raise ValueError("qkv needs the same d_ff in encoder and decoder")
+        raise QkvError("qkv needs the same d_ff in encoder and decoder")
     shared = getattr(hf_config, "share_encoder_decoder_embeddings", True)
     tgt_vocab = getattr(hf_config, "decoder_vocab_size", None) or hf_config.vocab_size
     return ModelConfig(
@@ -110,10 +111,10 @@ def from_marian(hf_model: Any) -> Transformer:
     missing, unexpected = model.load_state_dict(ours, strict=False)
     tied = {"tgt_embed.weight", "generator.weight"}
     if set(missing) - tied or unexpected:
-        raise ValueError(f"Marian import mismatch: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
+        raise QkvError(f"Marian import mismatch: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
     lm_head = sd.get("lm_head.weight")
     if lm_head is not None and not torch.equal(lm_head, model.generator.weight.detach()):
-        raise ValueError("this Marian model's lm_head is not tied to its embeddings; qkv cannot represent it")
+        raise QkvError("this Marian model's lm_head is not tied to its embeddings; qkv cannot represent it")
     return model.eval()
 
 
@@ -199,18 +200,18 @@ def _huggingface_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def _check_exportable(config: ModelConfig) -> None:
     if config.learned_positions:
-        raise ValueError("this model learned its positions; Hugging Face's Marian and Pegasus have sinusoidal ones")
+        raise QkvError("this model learned its positions; Hugging Face's Marian and Pegasus have sinusoidal ones")
     if config.head_dim_k != config.d_model // config.n_heads or config.head_dim_v != config.d_model // config.n_heads:
-        raise ValueError("Hugging Face's Marian and Pegasus need d_k = d_v = d_model / n_heads")
+        raise QkvError("Hugging Face's Marian and Pegasus need d_k = d_v = d_model / n_heads")
     if config.layer_norm_eps != 1e-5:
-        raise ValueError(f"Hugging Face's Marian and Pegasus use layer-norm eps 1e-5, this model {config.layer_norm_eps}")
+        raise QkvError(f"Hugging Face's Marian and Pegasus use layer-norm eps 1e-5, this model {config.layer_norm_eps}")
 
 
 def _to_huggingface(model: Transformer, family: str, *, bos_id: int, eos_id: int) -> Any:
     try:
         import transformers
     except ImportError:
-        raise RuntimeError("exporting to Hugging Face needs the transformers package") from None
+        raise MissingPackage("exporting to Hugging Face needs the transformers package") from None
     _check_exportable(model.config)
     model = with_position_layout(model, "split")
     cfg = model.config
@@ -231,12 +232,12 @@ def _to_huggingface(model: Transformer, family: str, *, bos_id: int, eos_id: int
         hf = transformers.MarianMTModel(hf_config)
     else:
         if not cfg.share_embeddings:
-            raise ValueError("Pegasus has one embedding for source and target; this model has two")
+            raise QkvError("Pegasus has one embedding for source and target; this model has two")
         hf = transformers.PegasusForConditionalGeneration(transformers.PegasusConfig(**common))
     # The sinusoidal tables are the model's own (Marian's layout, as with_position_layout made ours).
     missing, unexpected = hf.load_state_dict(_huggingface_state_dict(model), strict=False)
     if [k for k in missing if "embed_positions" not in k] or unexpected:
-        raise ValueError(f"{family} export mismatch: missing {missing}, unexpected {unexpected}")
+        raise QkvError(f"{family} export mismatch: missing {missing}, unexpected {unexpected}")
     return hf.eval()
 
 
@@ -248,7 +249,7 @@ def to_marian(model: Transformer, *, bos_id: int, eos_id: int) -> Any:
     (``with_position_layout``). Marian is post-LN only: a pre-LN model goes to ``to_pegasus``.
     """
     if model.config.norm_first:
-        raise ValueError("Marian is post-LN; this model is pre-LN (norm_first): use to_pegasus or to_huggingface")
+        raise QkvError("Marian is post-LN; this model is pre-LN (norm_first): use to_pegasus or to_huggingface")
     return _to_huggingface(model, "marian", bos_id=bos_id, eos_id=eos_id)
 
 
@@ -256,7 +257,7 @@ def to_pegasus(model: Transformer, *, bos_id: int, eos_id: int) -> Any:
     """A ``transformers.PegasusForConditionalGeneration`` for a pre-LN qkv ``model``: Pegasus is Marian's
     architecture with pre-LN sublayers and a final layer norm on each stack, like qkv's ``norm_first``."""
     if not model.config.norm_first:
-        raise ValueError("Pegasus is pre-LN; this model is post-LN: use to_marian or to_huggingface")
+        raise QkvError("Pegasus is pre-LN; this model is post-LN: use to_marian or to_huggingface")
     return _to_huggingface(model, "pegasus", bos_id=bos_id, eos_id=eos_id)
 
 

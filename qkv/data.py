@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from qkv.errors import QkvError
+
 if TYPE_CHECKING:
     from qkv.tokenizer import Tokenizer
 
@@ -34,7 +36,7 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 DATA_ENV_VAR = "QKV_DATA"
 
 
-class DataError(ValueError):
+class DataError(QkvError):
     """A corpus cannot be read or used; the message names the file, line or setting at fault."""
 
 

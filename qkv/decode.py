@@ -1,4 +1,4 @@
-"""Search: greedy and beam search over a trained ``Transformer``, batched, with the key/value cache.
+"""Search: greedy and beam search over a trained ``Transformer`` (or any ``SearchModel``), batched, with the key/value cache.
 
 Dimension legend: B sentences, K beam size, S source length, V vocabulary size.
 
@@ -11,12 +11,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from qkv.config import ConfigError, check_types, config_from_dict
-from qkv.model import Transformer
+from qkv.config import ConfigError, ModelConfig, check_types, config_from_dict
+
+
+class SearchModel(Protocol):
+    """What greedy and beam search need of a model: ``qkv.model.Transformer`` and ``qkv.ensemble.Ensemble``
+    are both one. ``encode`` returns the memory, the source mask (B, S) and attention weights;
+    ``decode`` the logits (or log-probabilities) of every target position, (B, T, V), with a state
+    that caches the keys and values of the positions decoded so far."""
+
+    config: ModelConfig
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[Any, Tensor, list[Tensor]]: ...
+
+    def decode(self, tgt: Tensor, memory: Any, src_mask: Tensor, *, state: Any = None, need_weights: bool = False) -> tuple[Tensor, Any]: ...
+
+    def new_state(self, capacity: int = 16) -> Any: ...
+
+    def eval(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -72,11 +92,11 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-def max_output_length(model: Transformer, src_len: int, config: DecodeConfig) -> int:
+def max_output_length(model: SearchModel, src_len: int, config: DecodeConfig) -> int:
     return max(1, min(int(config.max_len_a * src_len + config.max_len_b), model.config.max_len - 1))
 
 
-def _output_limits(model: Transformer, src_mask: Tensor, config: DecodeConfig) -> list[int]:
+def _output_limits(model: SearchModel, src_mask: Tensor, config: DecodeConfig) -> list[int]:
     """Each sentence's maximum output length, from its own length: padding must not lengthen the
     output of a short sentence batched with long ones. src_mask: (B, S), True for real tokens."""
     return [max_output_length(model, n, config) for n in src_mask.sum(dim=1).tolist()]
@@ -172,7 +192,7 @@ def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: Dec
     return torch.searchsorted(cumulative, u[:, None], right=True).squeeze(1).clamp(max=V - 1)
 
 
-def _start(model: Transformer, src: Tensor, bos_id: int, config: DecodeConfig):
+def _start(model: SearchModel, src: Tensor, bos_id: int, config: DecodeConfig):
     """Encode ``src``; the first step decodes BOS once per sentence. Also each sentence's output limit."""
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
     limits = _output_limits(model, src_mask, config)  # (B,)
@@ -182,7 +202,7 @@ def _start(model: Transformer, src: Tensor, bos_id: int, config: DecodeConfig):
 
 @torch.inference_mode()
 def greedy_search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
     suppress: tuple[int, ...] = (),
 ) -> list[list[int]]:
     """The most likely next token at every step (or, with ``config.sampling``, one drawn at random,
@@ -217,7 +237,7 @@ def greedy_search(
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None,
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None,
     suppress: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
@@ -313,7 +333,7 @@ def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: 
 
 
 def search(
-    model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
     suppress: tuple[int, ...] = (),
 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),

@@ -12,14 +12,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qkv.errors import QkvError
 from qkv import checkpoint
 from qkv.config import model_preset
 from qkv.data import read_tsv
 from qkv.decode import DecodeConfig
-from qkv.rundir import CHECKPOINT_DIR, QKV_FILES, clear_run, is_run
+from qkv.runs import CHECKPOINT_DIR, QKV_FILES, clear_run, is_run
 from qkv.tasks import date_splits, exact_match
 from qkv.tokenizer import Tokenizer
-from qkv.train import DataConfig, Trainer, TrainConfig
+from qkv.recipes import DataConfig, TrainConfig
+from qkv.train import Trainer
 from qkv.translate import Translator
 from qkv.visualize import capture_attention, plot_attention, token_alignment, write_html
 
@@ -76,17 +78,17 @@ def _check_demo_dir(out: Path) -> None:
     if not out.exists():
         return
     if not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a directory")
+        raise QkvError(f"--out {out} is a file, not a directory")
     foreign = [
         e.name for e in out.iterdir()
         if not (e.name in DEMO_FILES or e.name in QKV_FILES or CHECKPOINT_DIR.fullmatch(e.name))
     ]
     if foreign:
-        raise ValueError(
+        raise QkvError(
             f"--out {out} holds files the demo did not write ({', '.join(sorted(foreign)[:3])}): choose a new directory"
         )
     if any(out.iterdir()) and not _is_demo_run(out):  # a train.tsv or a training run of the user's: never touch it
-        raise ValueError(f"--out {out} is not empty and holds no run of the demo: choose a new directory")
+        raise QkvError(f"--out {out} is not empty and holds no run of the demo: choose a new directory")
 
 
 def _is_demo_run(out: Path) -> bool:

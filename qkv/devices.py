@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from qkv.errors import QkvError
+
 CHOICES = "auto, cpu, cuda or cuda:N"
 
 
@@ -19,13 +21,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
-        raise ValueError(f"unknown device {name!r}: use {CHOICES}")
+        raise QkvError(f"unknown device {name!r}: use {CHOICES}")
     if not torch.cuda.is_available():
         why = "this PyTorch is a CPU build" if torch.version.cuda is None else "PyTorch sees no GPU here"
-        raise ValueError(f"--device {name}: {why}; use --device cpu (or auto)")
+        raise QkvError(f"--device {name}: {why}; use --device cpu (or auto)")
     index = int(name[5:]) if ":" in name else 0
     if index >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+        raise QkvError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
     return torch.device("cuda", index)
 
 

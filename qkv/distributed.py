@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
+from qkv.errors import QkvError
+
 # Rank 0 validates (decodes the validation set) while the others wait in the next collective; give
 # it far longer than NCCL's 10-minute default before a wait counts as a hang.
 TIMEOUT = timedelta(minutes=60)
@@ -64,7 +66,7 @@ def init_from_env(environ: Mapping[str, str] = os.environ) -> Context:
     if not launched_by_torchrun(environ):
         return Context()
     if not dist.is_available():
-        raise RuntimeError("this PyTorch build has no torch.distributed: cannot train under torchrun")
+        raise QkvError("this PyTorch build has no torch.distributed: cannot train under torchrun")
     if not dist.is_initialized():
         if torch.cuda.is_available():
             # One GPU per process: LOCAL_RANK is this process's index on its machine.

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
+
 
 def ema_decay(decay: float, update: int) -> float:
     """The weight kept by the average at the run's ``update``-th update (1-based)."""
@@ -28,7 +30,7 @@ class WeightEMA:
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         if not 0 < decay < 1:
-            raise ValueError(f"the EMA's decay must be in (0, 1), got {decay}")
+            raise QkvError(f"the EMA's decay must be in (0, 1), got {decay}")
         self.decay = decay
         named = list(model.named_parameters())  # a tied weight once, under its first name
         self.names = [name for name, _ in named]
@@ -52,8 +54,8 @@ class WeightEMA:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if set(state) != set(self.names):
-            raise ValueError(f"the saved EMA holds other weights than the model: {sorted(set(state) ^ set(self.names))[:3]}")
+            raise QkvError(f"the saved EMA holds other weights than the model: {sorted(set(state) ^ set(self.names))[:3]}")
         for name, average in zip(self.names, self.average):
             if state[name].shape != average.shape:
-                raise ValueError(f"the saved EMA's {name} has shape {tuple(state[name].shape)}, the model's {tuple(average.shape)}")
+                raise QkvError(f"the saved EMA's {name} has shape {tuple(state[name].shape)}, the model's {tuple(average.shape)}")
             average.copy_(state[name])

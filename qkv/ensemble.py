@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
 from qkv import checkpoint
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 
 
 class EnsembleMemory:
@@ -50,7 +51,7 @@ class Ensemble(nn.Module):
         for i, model in enumerate(models[1:], 2):
             c = model.config
             if (c.src_vocab_size, c.tgt_vocab_size, c.pad_id) != (first.src_vocab_size, first.tgt_vocab_size, first.pad_id):
-                raise ValueError(
+                raise QkvError(
                     f"model {i} has vocabularies of {c.src_vocab_size}/{c.tgt_vocab_size} (pad {c.pad_id}), model 1 "
                     f"{first.src_vocab_size}/{first.tgt_vocab_size} (pad {first.pad_id}): an ensemble needs one vocabulary"
                 )
@@ -64,7 +65,7 @@ class Ensemble(nn.Module):
     def encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[EnsembleMemory, Tensor, list[Tensor]]:
         """src: (B, S). Every model's memory, the source mask (B, S) and no weights."""
         if need_weights:
-            raise ValueError("an ensemble has no single set of attention weights: inspect one model at a time")
+            raise QkvError("an ensemble has no single set of attention weights: inspect one model at a time")
         outputs = [model.encode(src) for model in self.models]
         return EnsembleMemory([memory for memory, _, _ in outputs]), outputs[0][1], []
 
@@ -74,7 +75,7 @@ class Ensemble(nn.Module):
     ) -> tuple[Tensor, None]:
         """The mean of the models' log-probabilities (B, T, V), in place of logits."""
         if need_weights:
-            raise ValueError("an ensemble has no single set of attention weights: inspect one model at a time")
+            raise QkvError("an ensemble has no single set of attention weights: inspect one model at a time")
         states = [None] * len(self.models) if state is None else state.parts
         log_probs = [
             model.decode(tgt, part, src_mask, state=model_state)[0].float().log_softmax(dim=-1)
@@ -86,7 +87,7 @@ class Ensemble(nn.Module):
         return EnsembleState([model.new_state(capacity) for model in self.models])
 
 
-def load_ensemble(paths: list[str | Path], *, device: str | torch.device = "cpu") -> tuple[Transformer | Ensemble, Tokenizer]:
+def load_ensemble(paths: list[str | Path], *, device: str | torch.device = "cpu") -> tuple[Transformer | Ensemble, TextTokenizer]:
     """One checkpoint as it is, or several as an ``Ensemble``: their tokenizers must be the same file."""
     loaded = [checkpoint.load(path, device=device) for path in paths]
     if len(loaded) == 1:
@@ -94,7 +95,7 @@ def load_ensemble(paths: list[str | Path], *, device: str | torch.device = "cpu"
     first = (loaded[0].path / checkpoint.TOKENIZER).read_bytes()
     for other in loaded[1:]:
         if (other.path / checkpoint.TOKENIZER).read_bytes() != first:
-            raise ValueError(
+            raise QkvError(
                 f"{other.path} and {loaded[0].path} have different tokenizers: an ensemble needs one vocabulary "
                 "(models trained on the same tokenizer, for example with --init-from or from one run's checkpoints)"
             )

@@ -6,11 +6,13 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from qkv.errors import QkvError
+
 
 def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     """Corpus BLEU (cased), BLEU lowercased (as the Multi30k literature reports) and chrF, with signatures."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise QkvError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
     b, b_lc, c = (m.corpus_score(hypotheses, [references]) for m in (bleu, bleu_lc, chrf))
     return {

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkv.errors import QkvError
 from qkv import reference
 from qkv.attention import scaled_dot_product_attention
 from qkv.reference import AttentionSteps, MultiHeadSteps
@@ -88,11 +89,11 @@ def as_matrix(x: Any, name: str) -> np.ndarray:
     try:
         a = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a matrix of numbers (a list of equally long rows)") from None
+        raise QkvError(f"{name} must be a matrix of numbers (a list of equally long rows)") from None
     if a.ndim != 2 or a.size == 0:
-        raise ValueError(f"{name} must be a non-empty matrix (a list of rows), got shape {a.shape}")
+        raise QkvError(f"{name} must be a non-empty matrix (a list of rows), got shape {a.shape}")
     if not np.isfinite(a).all():
-        raise ValueError(f"{name} contains a non-finite number")
+        raise QkvError(f"{name} contains a non-finite number")
     return a
 
 
@@ -115,35 +116,35 @@ def make_mask(spec: MaskSpec, m: int, n: int) -> np.ndarray | None:
             try:
                 spec = json.loads(text)
             except json.JSONDecodeError as error:
-                raise ValueError(f"mask {text!r} is not valid JSON: {error.msg}") from None
+                raise QkvError(f"mask {text!r} is not valid JSON: {error.msg}") from None
         else:
             try:
                 spec = [int(part) for part in text.split(",")]
             except ValueError:
-                raise ValueError(
+                raise QkvError(
                     f"mask {text!r} not understood: use 'causal', a keep pattern like 1,1,0, or a JSON matrix"
                 ) from None
     try:
         a = np.asarray(spec)
     except ValueError:
-        raise ValueError("mask rows must all have the same length") from None
+        raise QkvError("mask rows must all have the same length") from None
     if a.dtype == object or not (a.dtype == bool or np.isin(a, (0, 1)).all()):
-        raise ValueError("mask entries must be 0/1 or true/false (1 = may attend)")
+        raise QkvError("mask entries must be 0/1 or true/false (1 = may attend)")
     a = a.astype(bool)
     if a.shape == (n,):
         return np.broadcast_to(a, (m, n)).copy()  # the same keys hidden from every query
     if a.shape == (m, n):
         return a
-    raise ValueError(f"mask has shape {a.shape}; it must be ({n},) over the keys or ({m}, {n}) for m x n")
+    raise QkvError(f"mask has shape {a.shape}; it must be ({n},) over the keys or ({m}, {n}) for m x n")
 
 
 def random_inputs(*, m: int, n: int, d_k: int, d_v: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Seeded Q (m, d_k), K (n, d_k), V (n, d_v), rounded to one decimal so they print exactly."""
     for name, size in (("m", m), ("n", n), ("d_k", d_k), ("d_v", d_v)):
         if size < 1:
-            raise ValueError(f"{name} must be at least 1, got {size}")
+            raise QkvError(f"{name} must be at least 1, got {size}")
     if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
+        raise QkvError(f"seed must be non-negative, got {seed}")
     rng = np.random.default_rng([seed, 0])
     q, k, v = (np.round(rng.standard_normal(shape), 1) for shape in ((m, d_k), (n, d_k), (n, d_v)))
     return q, k, v
@@ -155,15 +156,15 @@ def load_inputs(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, M
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+        raise QkvError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
     if not isinstance(data, dict):
-        raise ValueError(f'{path}: expected an object like {{"q": [[...]], "k": [[...]], "v": [[...]]}}')
+        raise QkvError(f'{path}: expected an object like {{"q": [[...]], "k": [[...]], "v": [[...]]}}')
     missing = [key for key in ("q", "k", "v") if key not in data]
     unknown = sorted(set(data) - {"q", "k", "v", "mask"})
     if missing:
-        raise ValueError(f"{path}: missing {', '.join(repr(k) for k in missing)}")
+        raise QkvError(f"{path}: missing {', '.join(repr(k) for k in missing)}")
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(repr(k) for k in unknown)}; expected q, k, v, mask")
+        raise QkvError(f"{path}: unknown key(s) {', '.join(repr(k) for k in unknown)}; expected q, k, v, mask")
     return data["q"], data["k"], data["v"], data.get("mask")
 
 
@@ -249,11 +250,11 @@ def explain(
     q, k, v = as_matrix(q, "Q"), as_matrix(k, "K"), as_matrix(v, "V")
     (m, d_k), (n, d_k_keys), (n_values, d_v) = q.shape, k.shape, v.shape
     if d_k_keys != d_k:
-        raise ValueError(
+        raise QkvError(
             f"Q is {m} x {d_k} but K is {n} x {d_k_keys}: queries and keys must have the same width d_k"
         )
     if n_values != n:
-        raise ValueError(f"K has {n} rows but V has {n_values}: every key needs exactly one value row")
+        raise QkvError(f"K has {n} rows but V has {n_values}: every key needs exactly one value row")
     mask_spec = mask if isinstance(mask, str) else (None if mask is None else "given")
     mask = make_mask(mask, m, n)
     steps = reference.attention(q, k, v, mask)
@@ -262,14 +263,14 @@ def explain(
     if heads is None:
         return expl
     if heads < 1:
-        raise ValueError(f"heads must be at least 1, got {heads}")
+        raise QkvError(f"heads must be at least 1, got {heads}")
     if seed < 0:
-        raise ValueError(f"seed must be non-negative, got {seed}")
+        raise QkvError(f"seed must be non-negative, got {seed}")
     d_model = d_k
     dk_head = head_d_k if head_d_k is not None else math.ceil(d_model / heads)
     dv_head = head_d_v if head_d_v is not None else dk_head
     if dk_head < 1 or dv_head < 1:
-        raise ValueError(f"per-head sizes must be at least 1, got d_k={dk_head}, d_v={dv_head}")
+        raise QkvError(f"per-head sizes must be at least 1, got d_k={dk_head}, d_v={dv_head}")
     projections = random_projections(
         n_heads=heads, d_model=d_model, d_value_in=d_v, d_k=dk_head, d_v=dv_head, seed=seed
     )
@@ -458,7 +459,7 @@ def _multi_head_lines(expl: Explanation, mh: MultiHeadExplanation, precision: in
 def format_explanation(expl: Explanation, precision: int = 4) -> str:
     """The explanation as text: inputs, the four steps with shapes, the torch checks, multi-head if any."""
     if not 0 <= precision <= 12:
-        raise ValueError(f"precision must be between 0 and 12 digits, got {precision}")
+        raise QkvError(f"precision must be between 0 and 12 digits, got {precision}")
     lines = ["Scaled dot-product attention:  attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V", ""]
     lines += _inputs_lines(expl, precision) + [""]
     lines += _steps_lines(expl.steps, expl.mask, names=("Q", "K", "V"), d_k=expl.shape[2], precision=precision)

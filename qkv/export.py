@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from qkv.errors import MissingPackage, QkvError
 from qkv import checkpoint
 from qkv.decode import DecodeConfig, length_penalty, max_output_length
 from qkv.model import Transformer
@@ -44,7 +45,7 @@ def _import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise RuntimeError("exporting to CTranslate2 needs the ctranslate2 package: pip install 'qkv[export]'") from None
+        raise MissingPackage("exporting to CTranslate2 needs the ctranslate2 package: pip install 'qkv[export]'") from None
     return ctranslate2
 
 
@@ -55,9 +56,9 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
 
     cfg = model.config
     if cfg.head_dim_k != cfg.head_dim_v:
-        raise ValueError(f"CTranslate2 needs d_k == d_v (this model has d_k {cfg.head_dim_k}, d_v {cfg.head_dim_v})")
+        raise QkvError(f"CTranslate2 needs d_k == d_v (this model has d_k {cfg.head_dim_k}, d_v {cfg.head_dim_v})")
     if not cfg.share_embeddings and cfg.src_vocab_size != cfg.tgt_vocab_size:
-        raise ValueError("qkv exports one joint vocabulary; this model has different source and target vocabularies")
+        raise QkvError("qkv exports one joint vocabulary; this model has different source and target vocabularies")
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU, "silu": common_spec.Activation.SWISH}
     head_dim = None if cfg.head_dim_k * cfg.n_heads == cfg.d_model else cfg.head_dim_k
     common = dict(pre_norm=cfg.norm_first, activation=activation[cfg.activation], head_dim=head_dim)
@@ -111,7 +112,7 @@ def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
 
     vocabulary = tokenizer.pieces(range(tokenizer.vocab_size))
     if len(vocabulary) != cfg.src_vocab_size:
-        raise ValueError(f"the tokenizer has {len(vocabulary)} pieces but the model {cfg.src_vocab_size} embeddings")
+        raise QkvError(f"the tokenizer has {len(vocabulary)} pieces but the model {cfg.src_vocab_size} embeddings")
     spec.register_source_vocabulary(vocabulary)
     spec.register_target_vocabulary(vocabulary)
     spec.config.unk_token = vocabulary[tokenizer.unk_id]
@@ -148,9 +149,9 @@ def check_export_out(out: str | Path, *, force: bool) -> Path:
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
         if not is_export_dir(out):
-            raise ValueError(f"{out} exists and is not an earlier qkv export: refusing to write into it (even with --force)")
+            raise QkvError(f"{out} exists and is not an earlier qkv export: refusing to write into it (even with --force)")
         if not force:
-            raise ValueError(f"{out} holds an earlier export; pass --force to replace it")
+            raise QkvError(f"{out} holds an earlier export; pass --force to replace it")
     return out
 
 
@@ -158,14 +159,17 @@ def write_export(out: Path, checkpoint_dir: Path, fill: Callable[[Path], None]) 
     """Write an export into ``OUT.tmp/`` (``fill(tmp)``, then the checkpoint's config as ``qkv_config.json``)
     and put it in place of ``out`` only once complete. Call ``check_export_out`` first."""
     tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        if not (is_export_dir(tmp) or (tmp.is_dir() and not any(tmp.iterdir()))):
-            raise ValueError(f"{tmp} is in the way and is not a qkv export: move it and try again")
+    if tmp.exists() or tmp.is_symlink():  # left by a killed export only if it carries qkv's marker
+        ours = tmp.is_dir() and not tmp.is_symlink() and ((tmp / checkpoint.MARKER).is_file() or not any(tmp.iterdir()))
+        if not ours:
+            raise QkvError(f"{tmp} is in the way and qkv did not write it (no {checkpoint.MARKER} marker in it): move it and try again")
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     try:
+        (tmp / checkpoint.MARKER).write_text("written by qkv while exporting; safe to delete with this directory\n")
         fill(tmp)
         shutil.copyfile(checkpoint_dir / checkpoint.CONFIG, tmp / "qkv_config.json")
+        (tmp / checkpoint.MARKER).unlink()
         unknown = sorted(p.name for p in tmp.iterdir() if p.name not in EXPORT_FILES)
         if unknown:  # --force could not replace it later: fail now, naming the file
             raise RuntimeError(f"the export wrote files qkv does not know ({', '.join(unknown)}); please report this")

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
+from qkv.errors import MissingPackage, QkvError
 from qkv import checkpoint
-from qkv.checkpoint import MAX_LAYERS, CheckpointError
+from qkv.checkpoint import CheckpointError, check_size
 from qkv.config import ModelConfig
 from qkv.convert import from_marian, marian_config, to_marian
 from qkv.export import check_export_out, write_export
-from qkv.model import Transformer
 from qkv.outputs import check_checkpoint_out
 from qkv.tokenizer import MarianTokenizer, Tokenizer, TokenizerError
 
@@ -79,7 +79,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise RuntimeError("Marian import and export need the transformers package: pip install 'qkv[marian]'") from None
+        raise MissingPackage("Marian import and export need the transformers package: pip install 'qkv[marian]'") from None
     return transformers
 
 
@@ -103,7 +103,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]})") from None
+        raise QkvError(f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]})") from None
 
 
 def _wrong(path: Path, key: str, expected: str, value: Any) -> CheckpointError:
@@ -127,20 +127,9 @@ def _model_settings(config: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _check_size(model_config: ModelConfig, weights: Path) -> None:
-    """Refuse a config that asks for more layers than ``MAX_LAYERS``, or for much more memory than its
-    weight file holds, before anything is allocated: the rule of ``qkv.checkpoint``, measured on qkv's
-    model built on the meta device (transformers' model and the conversion hold a few times as much)."""
-    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
-        raise CheckpointError(f"{weights}: its config.json asks for more than {MAX_LAYERS} layers: refused")
-    with torch.device("meta"):  # shapes without memory
-        meta = Transformer(model_config)
-    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
-    size = weights.stat().st_size
-    if needed > 2 * size + (64 << 20):
-        raise CheckpointError(
-            f"{weights}: its config.json asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
-            f"{size / 2**20:,.1f} MiB: refused before allocating"
-        )
+    """``qkv.checkpoint.check_size`` for an imported model, measured on qkv's model (transformers'
+    model and the conversion hold a few times as much)."""
+    check_size(model_config, weights, what="its config.json")
 
 
 def torch_version() -> tuple[int, int]:
@@ -164,21 +153,21 @@ def weights_file(hf_dir: Path) -> Path:
 def _check_directory(hf_dir: Path) -> dict[str, Any]:
     """The parsed config.json of a Marian directory, after checking that it holds every file needed."""
     if not hf_dir.is_dir():
-        raise ValueError(f"{hf_dir} is not a directory (give the directory save_pretrained wrote)")
+        raise QkvError(f"{hf_dir} is not a directory (give the directory save_pretrained wrote)")
     if not (hf_dir / HF_CONFIG).is_file():
-        raise ValueError(f"{hf_dir} is not a Hugging Face model directory: it has no {HF_CONFIG}")
+        raise QkvError(f"{hf_dir} is not a Hugging Face model directory: it has no {HF_CONFIG}")
     config = _read_json(hf_dir / HF_CONFIG)
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type != "marian":
-        raise ValueError(f"{hf_dir} is not a Marian model: its {HF_CONFIG} says model_type {model_type!r}, not 'marian'")
+        raise QkvError(f"{hf_dir} is not a Marian model: its {HF_CONFIG} says model_type {model_type!r}, not 'marian'")
     missing = [name for name in (*SPM_FILES, VOCAB) if not (hf_dir / name).is_file()]
     if missing:
-        raise ValueError(f"{hf_dir} has no {', '.join(missing)}: save the model's MarianTokenizer into it too (tokenizer.save_pretrained)")
+        raise QkvError(f"{hf_dir} has no {', '.join(missing)}: save the model's MarianTokenizer into it too (tokenizer.save_pretrained)")
     if (hf_dir / "target_vocab.json").exists():
-        raise ValueError(f"{hf_dir} has separate source and target vocabularies (target_vocab.json): qkv supports one shared vocab.json")
+        raise QkvError(f"{hf_dir} has separate source and target vocabularies (target_vocab.json): qkv supports one shared vocab.json")
     if not (hf_dir / SAFETENSORS).is_file() and not (hf_dir / PYTORCH_BIN).is_file():
         sharded = " (sharded weights are not supported)" if any(hf_dir.glob("*.index.json")) else ""
-        raise ValueError(f"{hf_dir} has no {SAFETENSORS} or {PYTORCH_BIN}{sharded}")
+        raise QkvError(f"{hf_dir} has no {SAFETENSORS} or {PYTORCH_BIN}{sharded}")
     return config
 
 
@@ -192,18 +181,18 @@ def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-            raise ValueError(f"{path} cannot be read as safetensors ({error})") from None
+            raise QkvError(f"{path} cannot be read as safetensors ({error})") from None
     try:
         weights = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise ValueError(
+        raise QkvError(
             f"{path} holds more than tensors (its pickle would run code), so it was not loaded: "
             f"use the model's {SAFETENSORS} instead (OPUS-MT models publish one)"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise ValueError(f"{path} cannot be read as PyTorch weights ({str(error).splitlines()[0]})") from None
+        raise QkvError(f"{path} cannot be read as PyTorch weights ({str(error).splitlines()[0]})") from None
     if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
-        raise ValueError(f"{path} is not a state dict (names -> tensors)")
+        raise QkvError(f"{path} is not a state dict (names -> tensors)")
     return weights
 
 
@@ -221,7 +210,7 @@ def _marian_model(hf_config: Any, weights: dict[str, torch.Tensor], where: Path)
     missing = [n for n in missing if positions not in n and state[n].data_ptr() not in loaded]
     unexpected = [n for n in unexpected if positions not in n]
     if missing or unexpected:
-        raise ValueError(f"{where} does not match its config.json: missing {missing[:3]}; unexpected {unexpected[:3]}")
+        raise QkvError(f"{where} does not match its config.json: missing {missing[:3]}; unexpected {unexpected[:3]}")
     return model
 
 
@@ -230,7 +219,7 @@ def _check_positions(weights: dict[str, torch.Tensor], table: torch.Tensor, wher
     (``table``: (max_len, d_model), split layout); qkv has no learned positions to put anything else in."""
     for name, stored in weights.items():
         if "embed_positions" in name and (stored.shape != table.shape or not torch.allclose(stored.float(), table, atol=1e-4)):
-            raise ValueError(f"{where}: {name} is not Marian's sinusoidal table, which is all qkv can represent")
+            raise QkvError(f"{where}: {name} is not Marian's sinusoidal table, which is all qkv can represent")
 
 
 def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
@@ -238,7 +227,7 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
     path = hf_dir / TOKENIZER_CONFIG
     settings = _read_json(path) if path.is_file() else {}
     if not isinstance(settings, dict):
-        raise ValueError(f"{path} is not a JSON object")
+        raise QkvError(f"{path} is not a JSON object")
     for key in ("separate_vocabs", "clean_up_tokenization_spaces"):
         if settings.get(key) is not None and type(settings[key]) is not bool:
             raise _wrong(path, key, "true, false or null", settings[key])
@@ -246,7 +235,7 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
         if settings.get(key) is not None and not isinstance(settings[key], str):
             raise _wrong(path, key, "a string or null", settings[key])
     if settings.get("separate_vocabs"):
-        raise ValueError(f"{hf_dir} has separate source and target vocabularies: qkv supports one shared vocab.json")
+        raise QkvError(f"{hf_dir} has separate source and target vocabularies: qkv supports one shared vocab.json")
     defaults = {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
     special = [_token(settings.get(key, default), path, key) for key, default in defaults.items()]
     added: list[str] = []
@@ -260,7 +249,7 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
     extra = sorted({t for t in added if t not in special})
     if extra:  # transformers would give them ids of their own and split sentences at them
         shown = ", ".join(repr(t)[1:-1] for t in extra[:3])  # escaped: a token may hold a line break
-        raise ValueError(f"{path} adds tokens qkv's Marian tokenizer does not have ({shown})")
+        raise QkvError(f"{path} adds tokens qkv's Marian tokenizer does not have ({shown})")
     try:
         tokenizer = MarianTokenizer(
             source_spm=(hf_dir / SPM_FILES[0]).read_bytes(), target_spm=(hf_dir / SPM_FILES[1]).read_bytes(),
@@ -270,11 +259,11 @@ def read_tokenizer(hf_dir: Path, hf_config: Any) -> MarianTokenizer:
             clean_up_tokenization_spaces=bool(settings.get("clean_up_tokenization_spaces")), name=str(hf_dir),
         )
     except TokenizerError as error:
-        raise ValueError(str(error)) from None
+        raise QkvError(str(error)) from None
     expected = {"vocab_size": tokenizer.vocab_size, "pad_token_id": tokenizer.pad_id, "eos_token_id": tokenizer.eos_id}
     for key, value in expected.items():
         if getattr(hf_config, key) != value:
-            raise ValueError(f"{hf_dir}: config.json has {key} {getattr(hf_config, key)}, the tokenizer files make it {value}")
+            raise QkvError(f"{hf_dir}: config.json has {key} {getattr(hf_config, key)}, the tokenizer files make it {value}")
     return tokenizer
 
 
@@ -284,7 +273,7 @@ def _generation(hf_dir: Path, config: dict[str, Any], vocab_size: int) -> dict[s
     path = hf_dir / "generation_config.json"
     generation = _read_json(path) if path.is_file() else {}
     if not isinstance(generation, dict):
-        raise ValueError(f"{path} is not a JSON object")
+        raise QkvError(f"{path} is not a JSON object")
     kept = {}
     for key in GENERATION_KEYS:
         found = [(where, s[key]) for where, s in ((path, generation), (hf_dir / HF_CONFIG, config)) if s.get(key) is not None]
@@ -354,10 +343,10 @@ def export_marian(checkpoint_dir: str | Path, out: str | Path, *, force: bool = 
     out = check_export_out(out, force=force)
     loaded = checkpoint.load(checkpoint_dir)
     if loaded.model.config.norm_first:
-        raise ValueError("this model is pre-LN (norm_first); Marian is post-LN, so it cannot hold it")
+        raise QkvError("this model is pre-LN (norm_first); Marian is post-LN, so it cannot hold it")
     tokenizer = marian_tokenizer(loaded.tokenizer)
     if tokenizer.vocab_size != loaded.model.config.src_vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} pieces, the model {loaded.model.config.src_vocab_size} embeddings")
+        raise QkvError(f"the tokenizer has {tokenizer.vocab_size} pieces, the model {loaded.model.config.src_vocab_size} embeddings")
     hf = to_marian(loaded.model, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
     for key, value in loaded.config.get("marian", {}).get("generation", {}).items():
         setattr(hf.generation_config, key, value)

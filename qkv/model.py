@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
 from qkv.attention import KVCache, MultiHeadAttention
 from qkv.config import ModelConfig
 from qkv.kernels import Linear
@@ -50,7 +51,7 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         T = x.size(1)
         if offset + T > self.table.size(0):
-            raise ValueError(f"sequence of length {offset + T} exceeds max_len {self.table.size(0)}")
+            raise QkvError(f"sequence of length {offset + T} exceeds max_len {self.table.size(0)}")
         return x + self.table[offset : offset + T]  # (B, T, D) + (T, D)
 
 
@@ -65,7 +66,7 @@ class LearnedPositions(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         T = x.size(1)
         if offset + T > self.table.size(0):
-            raise ValueError(f"sequence of length {offset + T} exceeds max_len {self.table.size(0)}")
+            raise QkvError(f"sequence of length {offset + T} exceeds max_len {self.table.size(0)}")
         return x + self.table[offset : offset + T]  # (B, T, D) + (T, D)
 
 

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from qkv.errors import QkvError
+
 Source = str | Path | None
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000  # Linux's linkat(2) constants
 
@@ -38,7 +40,7 @@ def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
     """What a command that reads ``checkpoints`` must not write into: each resolved checkpoint
     directory and, where a run directory was given, every entry qkv wrote there (log, tokenizer,
     checkpoints, ...). A checkpoint that does not resolve is left to the loading that follows."""
-    from qkv import checkpoint, rundir
+    from qkv import checkpoint, runs
 
     protected: list[Path] = []
     for given in checkpoints:
@@ -51,7 +53,7 @@ def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
         protected.append(resolved)
         given = Path(given)
         if given.is_dir() and given.resolve() != resolved.resolve():  # a run directory
-            protected += [e for e in given.iterdir() if e.name in rundir.QKV_FILES or rundir.CHECKPOINT_DIR.fullmatch(e.name)]
+            protected += [e for e in given.iterdir() if e.name in runs.QKV_FILES or runs.CHECKPOINT_DIR.fullmatch(e.name)]
     return protected
 
 
@@ -63,14 +65,14 @@ def check_output(
     path = Path(path)
     for source in inputs:
         if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
-            raise ValueError(f"{path} is also the input: write the output to another file")
+            raise QkvError(f"{path} is also the input: write the output to another file")
     for directory in reads:
         if _inside(path, directory):
-            raise ValueError(f"{path} is inside {directory}, which this command reads: write the output elsewhere")
+            raise QkvError(f"{path} is inside {directory}, which this command reads: write the output elsewhere")
     if path.is_dir():
-        raise ValueError(f"{path} is a directory; give a file name")
+        raise QkvError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
-        raise ValueError(f"{path} exists; pass --force to overwrite it")
+        raise QkvError(f"{path} exists; pass --force to overwrite it")
     return path
 
 
@@ -169,7 +171,7 @@ def check_apart(out: str | Path, reads: Iterable[Path], *, flag: str = "--out", 
     out = Path(out)
     for directory in reads:
         if _inside(out, directory) or (replaced and _inside(directory, out)):
-            raise ValueError(f"{flag} {out} overlaps {directory}, which this command reads: write the output elsewhere")
+            raise QkvError(f"{flag} {out} overlaps {directory}, which this command reads: write the output elsewhere")
     return out
 
 
@@ -182,9 +184,9 @@ def check_checkpoint_out(out: str | Path, *, force: bool, reads: Iterable[Path] 
     out = check_apart(out, reads)
     if out.exists() or out.is_symlink():
         if not force:
-            raise ValueError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
+            raise QkvError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
         if not is_checkpoint_dir(out):
-            raise ValueError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
+            raise QkvError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
     return out
 
 

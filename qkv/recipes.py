@@ -145,6 +145,12 @@ TRAIN_PRESETS: dict[str, Preset] = {
 }
 
 
+def adam_kernel(kind: str) -> dict[str, bool]:
+    """``torch.optim.Adam`` keywords for ``kind``: "fused" (one kernel over all tensors), "foreach"
+    (one op per step of the update over the list of tensors) or "for" (PyTorch's per-tensor loop)."""
+    return {"fused": kind == "fused", "foreach": kind == "foreach"}
+
+
 def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
     if data.corpus == "multi30k":
         train = load_multi30k("train", data.src_lang, data.tgt_lang, data.data_dir)

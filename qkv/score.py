@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from qkv.errors import QkvError
 from qkv.data import collate
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import length_batches
 
 
@@ -53,13 +54,13 @@ def _truncated(ids: list[int], limit: int, side: str, line: int) -> list[int]:
 
 
 def score_pairs(
-    model: Transformer, tokenizer: Tokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 4096
+    model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *, max_tokens: int = 4096
 ) -> list[PairScore]:
     """The log-probability of each target given its source, in input order. One teacher-forced pass per
     batch of similar lengths; padding does not change a score. Longer sentences than the model's
     positions are cut to fit, with a warning."""
     if len(sources) != len(targets):
-        raise ValueError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source")
+        raise QkvError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source")
     limit = model.config.max_len - 1  # room for EOS (source) and BOS/EOS (target)
     src_ids = [_truncated(tokenizer.encode(s), limit, "source", i + 1) for i, s in enumerate(sources)]
     tgt_ids = [_truncated(tokenizer.encode_target(t), limit, "target", i + 1) for i, t in enumerate(targets)]
@@ -72,7 +73,7 @@ def score_pairs(
 
 @torch.inference_mode()
 def target_log_probs(
-    model: Transformer, tokenizer: Tokenizer, src_ids: list[list[int]], tgt_ids: list[list[int]], *, max_tokens: int = 4096
+    model: Transformer, tokenizer: TextTokenizer, src_ids: list[list[int]], tgt_ids: list[list[int]], *, max_tokens: int = 4096
 ) -> list[list[float]]:
     """For each pair of token ids, log p(y_t | y_<t, x) of each target token and then of EOS, in input
     order: one teacher-forced pass per batch of similar lengths. Both sides must fit the model's positions."""

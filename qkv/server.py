@@ -32,6 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qkv.errors import QkvError
 from qkv import checkpoint
 from qkv.batcher import (
     ATTENTION_WEIGHTS_PER_UNIT, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy,
@@ -206,15 +207,15 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``."""
     unknown = set(overrides) - set(DEFAULT_LIMITS)
     if unknown:
-        raise ValueError(f"unknown server limits: {', '.join(sorted(unknown))}")
+        raise QkvError(f"unknown server limits: {', '.join(sorted(unknown))}")
     limits = {**DEFAULT_LIMITS, **overrides}
     for name, value in limits.items():
         if name != "max_wait_ms" and not value > 0:
-            raise ValueError(f"{name} must be positive, got {value}")
+            raise QkvError(f"{name} must be positive, got {value}")
     if limits["max_wait_ms"] < 0:
-        raise ValueError(f"max_wait_ms must be >= 0, got {limits['max_wait_ms']}")
+        raise QkvError(f"max_wait_ms must be >= 0, got {limits['max_wait_ms']}")
     if limits["max_queue_work"] < limits["max_request_work"]:
-        raise ValueError("max_queue_work must be at least max_request_work, or the largest request never fits")
+        raise QkvError("max_queue_work must be at least max_request_work, or the largest request never fits")
     loaded = checkpoint.load(checkpoint_dir, device=device)
     info = model_info(loaded)
     tokenizer, max_src = loaded.tokenizer, loaded.model.config.max_len - 1
@@ -342,7 +343,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as error:
-        raise RuntimeError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        raise QkvError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart without waiting for TIME_WAIT
     try:
@@ -350,7 +351,7 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         hint = "; is another server running there? choose another --port" if error.errno == errno.EADDRINUSE else ""
-        raise RuntimeError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
+        raise QkvError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
     return sock
 
 
@@ -368,7 +369,11 @@ def serve(
     seconds to finish; then they are answered no more and their work stops."""
     import uvicorn
 
+    from qkv.cpu import tune_allocator
+
     app = create_app(checkpoint_dir, device=device, **limits)
+    if torch.device(device).type == "cpu":
+        tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.cpu)
     sock = listen(host, port)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=graceful_timeout)
     logging.getLogger("uvicorn.error").info("qkv serve on http://%s:%d (Press CTRL+C to quit)", host, port)

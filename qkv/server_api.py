@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
 
+from qkv.errors import QkvError
 from qkv.batcher import Settings
 
 MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.MAX_BEAM (64)
@@ -50,7 +51,7 @@ def _whole_number(value: Any) -> Any:
     # JSON Schema counts 5.0 as an integer, so accept it (pydantic turns it into 5 and rejects 5.5),
     # but not true or "5", which pydantic's lax mode would take as numbers.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be a whole number")
+        raise QkvError("must be a whole number")
     return value
 
 
@@ -131,7 +132,7 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
-                    raise ValueError(f"texts[{i}] is not valid Unicode (it contains a lone surrogate)") from None
+                    raise QkvError(f"texts[{i}] is not valid Unicode (it contains a lone surrogate)") from None
             return texts
 
     return TranslateRequest
@@ -139,7 +140,7 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
 
 
 
-class InvalidOptions(ValueError):
+class InvalidOptions(QkvError):
     """Options that are each valid but not together; ``field`` is the one to change."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from qkv.errors import QkvError
+
 FIRST_DATE = dt.date(1950, 1, 1)
 LAST_DATE = dt.date(2049, 12, 31)
 _N_DAYS = (LAST_DATE - FIRST_DATE).days + 1
@@ -51,7 +53,7 @@ def english_ordinal(day: int) -> str:
 def english_ordinal_word(day: int) -> str:
     """1 -> 'first', 21 -> 'twenty-first', 30 -> 'thirtieth' (days of the month only)."""
     if not 1 <= day <= 31:
-        raise ValueError(f"not a day of the month: {day}")
+        raise QkvError(f"not a day of the month: {day}")
     if day <= 20:
         return _ORDINAL_WORDS[day - 1]
     if day == 30:
@@ -137,7 +139,7 @@ def _date(index: int) -> dt.date:
 def date_examples(n: int, *, seed: int) -> list[DateExample]:
     """``n`` examples with dates uniform over 1950-2049 and formats uniform over FORMATS."""
     if n < 0:
-        raise ValueError(f"n must be non-negative, got {n}")
+        raise QkvError(f"n must be non-negative, got {n}")
     rng = random.Random(seed)
     names = list(FORMATS)
     return [_example(_date(rng.randrange(_N_DAYS)), rng.choice(names)) for _ in range(n)]
@@ -156,9 +158,9 @@ def date_splits(n_train: int, n_test: int, *, seed: int) -> tuple[list[tuple[str
     distinct dates also mean distinct source strings.
     """
     if n_train < 0 or n_test < 0:
-        raise ValueError(f"split sizes must be non-negative, got {n_train} and {n_test}")
+        raise QkvError(f"split sizes must be non-negative, got {n_train} and {n_test}")
     if n_test >= _N_DAYS:
-        raise ValueError(f"n_test must be below the {_N_DAYS} dates available, got {n_test}")
+        raise QkvError(f"n_test must be below the {_N_DAYS} dates available, got {n_test}")
     rng = random.Random(seed)
     names = list(FORMATS)
     test_days = rng.sample(range(_N_DAYS), n_test)
@@ -175,7 +177,7 @@ def date_splits(n_train: int, n_test: int, *, seed: int) -> tuple[list[tuple[str
 def exact_match(hyps: list[str], refs: list[str]) -> float:
     """Fraction of hypotheses equal to their reference (surrounding whitespace ignored)."""
     if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+        raise QkvError(f"{len(hyps)} hypotheses but {len(refs)} references")
     if not refs:
-        raise ValueError("exact_match needs at least one reference")
+        raise QkvError("exact_match needs at least one reference")
     return sum(h.strip() == r.strip() for h, r in zip(hyps, refs)) / len(refs)

@@ -27,8 +27,11 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import sentencepiece as spm
+
+from qkv.errors import QkvError
 
 # The ids qkv gives the special pieces when it trains a model. Only ``train`` uses them; everything
 # else asks the loaded model, which is the source of truth.
@@ -41,7 +44,43 @@ DEFAULT_MAX_SENTENCES = 1_000_000
 MODEL_TYPES = ("bpe", "unigram", "char", "word")  # SentencePiece's algorithms; qkv uses BPE by default
 
 
-class TokenizerError(ValueError):
+class TextTokenizer(Protocol):
+    """What translating, scoring and inspecting need of a tokenizer: qkv's joint ``Tokenizer`` and an
+    imported model's ``MarianTokenizer`` (two SentencePiece models and one vocabulary) both are one."""
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def unk_id(self) -> int: ...
+
+    @property
+    def bos_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def encode_target(self, text: str) -> list[int]: ...
+
+    def encode_target_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def normalize(self, text: str) -> str: ...
+
+    def pieces(self, ids: Sequence[int]) -> list[str]: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+class TokenizerError(QkvError):
     """A tokenizer could not be trained or loaded; the message names the file or the setting."""
 
 

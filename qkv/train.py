@@ -2,7 +2,7 @@
 validation with real decoding (``qkv.validation``), checkpoints that resume exactly, averaging, early
 stopping and a time budget (section 5).
 
-A run directory (``qkv.rundir``) holds ``log.jsonl`` (one JSON object per event), ``curves.png``,
+A run directory (``qkv.runs``) holds ``log.jsonl`` (one JSON object per event), ``curves.png``,
 ``last/`` (the newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few,
 for averaging), ``best/`` (best validation BLEU) and ``final/`` (chosen on validation at the end). A signal stops the
 run at a step boundary and saves ``last/`` (``qkv.stopping``).
@@ -21,7 +21,7 @@ import signal
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +30,22 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv import checkpoint, distributed, kernels, speed, validation
+from qkv.errors import NonFiniteLoss
+from qkv import checkpoint, cpu, distributed, kernels, validation
 from qkv.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data import EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.devices import resolve_device
 from qkv.ema import WeightEMA
-from qkv.loss import constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss, projected_label_smoothed_loss
+from qkv.loss import label_smoothed_loss, projected_label_smoothed_loss
+from qkv.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
 from qkv.model import Transformer
 from qkv.progress import PlainProgress
 from qkv.progress import progress as show_progress
-from qkv.recipes import TRAIN_PRESETS, DataConfig, Preset, TrainConfig, build_configs, load_corpora
-from qkv.rundir import RunLog, clear_run, mark_run, open_tensorboard, plot_curves, step_dirs
+from qkv.dropout import use_fast_dropout
+from qkv.recipes import DataConfig, TrainConfig, adam_kernel, load_corpora
+from qkv.checkpoint import step_dirs
+from qkv.runlog import RunLog, open_tensorboard, plot_curves
+from qkv.runs import clear_run, mark_run
 from qkv.stopping import Abandoned, StopRequested, StopSignals
 from qkv.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
@@ -69,7 +74,7 @@ class TrainResult:
 def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
     bfloat16 natively, with the fused loss on (a GPU uses autocast instead)."""
-    return train.bf16 and device.type == "cpu" and train.fused_loss and speed.cpu_has_bf16()
+    return train.bf16 and device.type == "cpu" and train.fused_loss and cpu.cpu_has_bf16()
 
 
 class Trainer:
@@ -97,8 +102,8 @@ class Trainer:
         self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
         if train.threads:
             torch.set_num_threads(train.threads)
-        if train.tune_allocator:  # process-wide, from here on (qkv.speed)
-            speed.tune_allocator()
+        if train.tune_allocator:  # process-wide, from here on (qkv.cpu)
+            cpu.tune_allocator()
         kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.kernels)
         # Everything that can fail on the user's settings comes before --overwrite deletes the old run:
         # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
@@ -135,7 +140,7 @@ class Trainer:
             checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
         self.ema = WeightEMA(self.model, train.ema) if train.ema else None  # from the initial weights
         if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
-            speed.use_fast_dropout(self.model)
+            use_fast_dropout(self.model)
         self.train_model: torch.nn.Module = self.model
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
@@ -157,7 +162,7 @@ class Trainer:
                           "--train decay=inverse_sqrt)", HeldPeakWarning, stacklevel=2)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
-            weight_decay=train.weight_decay, **speed.adam_kernel(train.adam)
+            weight_decay=train.weight_decay, **adam_kernel(train.adam)
         )
         self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
         self.train_ids = encode_corpus(tokenizer, self.train_data, max_len)  # with subword_dropout: epoch_ids
@@ -219,7 +224,7 @@ class Trainer:
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
         for group in trainer.optimizer.param_groups:  # the saved groups name the kernel they ran with
-            group.update(speed.adam_kernel(train.adam))
+            group.update(adam_kernel(train.adam))
         trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
         if trainer.ema is not None:  # the saved average, or (EMA asked for only now) one from the saved weights
             trainer.ema = WeightEMA(trainer.model, train.ema)
@@ -397,7 +402,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         step = self.step + 1
         if self.train_cfg.on_nan == "stop":
-            raise FloatingPointError(f"{what} is {value} at step {step}; last good checkpoint: {self.run_dir / 'last'}")
+            raise NonFiniteLoss(f"{what} is {value} at step {step}; last good checkpoint: {self.run_dir / 'last'}")
         if self.dist.is_main:
             warnings.warn(f"non-finite {what} at step {step}: the update is skipped (on_nan=skip)", stacklevel=3)
         return float("nan"), n_tokens, False
@@ -412,10 +417,13 @@ class Trainer:
         Every rank calls it; rank 0 alone validates and writes, and its decision is every rank's.
         """
         rank_rng = distributed.gather_rng_states(self.dist) if self.dist.world_size > 1 else None
-        stop = self.dist.is_main and self._checkpoint_and_validate(rank_rng)
+        stop = self.dist.is_main and self.validate_and_save(rank_rng)
         return distributed.broadcast_flag(stop, self.dist)
 
-    def _checkpoint_and_validate(self, rank_rng: list[dict[str, str]] | None) -> bool:
+    def validate_and_save(self, rank_rng: list[dict[str, str]] | None = None) -> bool:
+        """This process alone: validate, write step-N/, best/ (when better) and last/, drop the step
+        checkpoints past ``keep_last``; True when early stopping says stop. ``rank_rng``: every
+        rank's generators (a distributed run), saved in last/."""
         try:
             with self.stop.abandonable():  # a signal abandons validation, so that last/ is saved soon
                 metrics = self.validate()
@@ -548,8 +556,3 @@ class Trainer:
                 self.epoch, self.position = self.epoch + 1, 0
         return stopped_because
 
-
-__all__ = [
-    "DataConfig", "Preset", "TrainConfig", "Trainer", "TRAIN_PRESETS", "build_configs", "constant_lr", "cooldown_factor",
-    "inverse_sqrt_lr", "label_smoothed_loss", "replace",
-]  # fmt: skip

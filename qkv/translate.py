@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from qkv import checkpoint, speed
-from qkv.decode import DecodeConfig, Hypothesis, search
-from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.errors import QkvError
+from qkv import checkpoint
+from qkv.decode import DecodeConfig, Hypothesis, SearchModel, search
+from qkv.tokenizer import TextTokenizer
 from qkv.workers import DecodingWorkers
 
 
@@ -49,7 +49,7 @@ def length_batches(lengths: list[int], *, max_tokens: int, max_sentences: int) -
     return batches
 
 
-def suppressed_tokens(tokenizer: Tokenizer) -> tuple[int, ...]:
+def suppressed_tokens(tokenizer: TextTokenizer) -> tuple[int, ...]:
     """Tokens a search must never output: a decoder that starts from the pad token (Marian's, whose
     OPUS-MT configs forbid generating it through ``bad_words_ids``) never produces pad."""
     return (tokenizer.pad_id,) if tokenizer.bos_id == tokenizer.pad_id else ()
@@ -73,15 +73,16 @@ class Translator:
     one thread each (``qkv.workers``), which gives the same translations faster when the model is
     small; the processes start at the first translation and end with ``close()`` (or ``with``).
 
-    A Translator of a model on the CPU tunes the process's allocator (``qkv.speed.tune_allocator``):
-    every decoding step allocates and frees its vocabulary-sized scores, which glibc would otherwise
-    hand back to the kernel and fault in again (1.1x beam 5 on the benchmark's batches, README (c)).
+    Making a Translator changes nothing process-wide. On the CPU, call ``qkv.cpu.tune_allocator()``
+    once where the program starts (the command line and the server do): every decoding step
+    allocates and frees its vocabulary-sized scores, which glibc would otherwise hand back to the
+    kernel and fault in again (1.1x beam 5 on the benchmark's batches, README (c)).
     """
 
     def __init__(
         self,
-        model: Transformer,
-        tokenizer: Tokenizer,
+        model: SearchModel,
+        tokenizer: TextTokenizer,
         config: DecodeConfig | None = None,
         *,
         max_tokens: int = 2048,
@@ -89,11 +90,9 @@ class Translator:
         workers: int = 1,
     ) -> None:
         if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+            raise QkvError(f"workers must be >= 1, got {workers}")
         if workers > 1 and model.device.type != "cpu":
-            raise ValueError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
-        if model.device.type == "cpu":
-            speed.tune_allocator()  # process-wide, from here on; forked workers inherit it
+            raise QkvError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = config or DecodeConfig()
@@ -201,7 +200,7 @@ def input_lines(source, name: str) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
+                raise QkvError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
         if number == 1:
             line = line.removeprefix("\ufeff")  # a byte order mark
         yield line.removesuffix("\n").removesuffix("\r")

@@ -8,24 +8,46 @@ Nothing here reads a test set: the choices a run makes are made on validation on
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from qkv import checkpoint
-from qkv.data import EncodedCorpus, collate, token_batches
+from qkv.data import EncodedCorpus, ParallelCorpus, collate, token_batches
 from qkv.decode import DecodeConfig
 from qkv.evaluate import score
 from qkv.loss import label_smoothed_loss
 from qkv.model import Transformer
 from qkv.recipes import TrainConfig
-from qkv.rundir import step_dirs
-from qkv.stopping import Abandoned, StopRequested
-from qkv.tokenizer import Tokenizer
+from qkv.checkpoint import step_dirs
+from qkv.ema import WeightEMA
+from qkv.runlog import RunLog
+from qkv.stopping import Abandoned, StopRequested, StopSignals
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import Translator
 
-if TYPE_CHECKING:
-    from qkv.train import Trainer
+
+
+class Run(Protocol):
+    """What choosing final/ needs of a training run (``qkv.train.Trainer`` is one)."""
+
+    run_dir: Path
+    model: Transformer
+    tokenizer: TextTokenizer
+    log: RunLog
+    train_cfg: TrainConfig
+    ema: WeightEMA | None
+    stop: StopSignals
+    step: int
+    valid_ids: EncodedCorpus
+    valid_data: ParallelCorpus
+
+    def validate(self) -> dict[str, Any]: ...
+
+    def validate_and_save(self) -> bool: ...
+
+    def configs(self) -> dict[str, Any]: ...
 
 # final/'s length penalty is chosen among these on the validation set, with this beam (qkv's default).
 LENGTH_PENALTIES = (0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)
@@ -33,7 +55,7 @@ TUNING_BEAM = 5
 
 
 @torch.no_grad()
-def validate(model: Transformer, tok: Tokenizer, ids: EncodedCorpus, references: list[str], train: TrainConfig) -> dict[str, Any]:
+def validate(model: Transformer, tok: TextTokenizer, ids: EncodedCorpus, references: list[str], train: TrainConfig) -> dict[str, Any]:
     """Teacher-forced validation loss (label-smoothed, as in training), and BLEU/chrF of real
     translations (beam ``train.valid_beam``; 1 is greedy) against ``references``."""
     model.eval()
@@ -52,7 +74,7 @@ def validate(model: Transformer, tok: Tokenizer, ids: EncodedCorpus, references:
     return {"valid_loss": round(total / count, 4), "bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"]}
 
 
-def write_final(trainer: Trainer) -> dict[str, Any]:
+def write_final(trainer: Run) -> dict[str, Any]:
     """Write final/: of the averages of the newest k step checkpoints, k = average_last down to 1
     (the newest alone), and the EMA of the weights when the run keeps one (``ema``), the one with
     the best validation BLEU; a tie goes to the larger average, and the EMA must beat them all.
@@ -67,7 +89,7 @@ def write_final(trainer: Trainer) -> dict[str, Any]:
     run_dir, model, stop = trainer.run_dir, trainer.model, trainer.stop
     dirs = step_dirs(run_dir)
     if not dirs:  # no evaluation ever ran: validate and save the live weights first
-        trainer._checkpoint_and_validate(None)
+        trainer.validate_and_save()
         dirs = step_dirs(run_dir)
     # state_dict() shares storage with the parameters: copy, or loading others would overwrite it too.
     live = {name: value.clone() for name, value in model.state_dict().items()}
@@ -114,7 +136,7 @@ def write_final(trainer: Trainer) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def tune_length_penalty(trainer: Trainer) -> dict[str, float]:
+def tune_length_penalty(trainer: Run) -> dict[str, float]:
     """The length penalty (GNMT's alpha) of the best validation BLEU with beam search, one of
     ``LENGTH_PENALTIES``, for the weights the trainer's model holds now; a tie goes to the one
     nearer the usual 0.6. Saved in final/'s config.json ("decode"), translate, evaluate, align,

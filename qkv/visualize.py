@@ -21,7 +21,7 @@ from torch import Tensor
 from qkv.decode import DecodeConfig, search
 from qkv.outputs import output_file
 from qkv.model import Transformer
-from qkv.tokenizer import Tokenizer
+from qkv.tokenizer import TextTokenizer
 from qkv.translate import collate_sources, suppressed_tokens
 
 Kind = Literal["cross", "enc-self", "dec-self"]
@@ -65,7 +65,7 @@ class AttentionCapture:
 
 @torch.inference_mode()
 def capture_attention(
-    model: Transformer, tokenizer: Tokenizer, sentence: str, config: DecodeConfig | None = None
+    model: Transformer, tokenizer: TextTokenizer, sentence: str, config: DecodeConfig | None = None
 ) -> AttentionCapture:
     """Translate ``sentence`` and return all attention weights for the hypothesis the search returned."""
     model.eval()
@@ -79,7 +79,7 @@ def capture_attention(
 
 @torch.inference_mode()
 def attention_of(
-    model: Transformer, tokenizer: Tokenizer, sentence: str, src_ids: list[int], hyp: list[int]
+    model: Transformer, tokenizer: TextTokenizer, sentence: str, src_ids: list[int], hyp: list[int]
 ) -> AttentionCapture:
     """All attention weights of the model translating ``src_ids`` (the ids of ``sentence``) into ``hyp``
     (target ids without BOS and EOS): one teacher-forced pass with ``need_weights=True``."""

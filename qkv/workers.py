@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from qkv.errors import QkvError
+
 _task: Callable[..., Any] | None = None  # in a worker: the function every batch is handed to
 
 
@@ -70,9 +72,9 @@ class DecodingWorkers:
 
     def __init__(self, task: Callable[..., Any], workers: int) -> None:
         if workers < 2:
-            raise ValueError(f"decoding workers are for 2 or more processes, got {workers}")
+            raise QkvError(f"decoding workers are for 2 or more processes, got {workers}")
         if "fork" not in multiprocessing.get_all_start_methods():
-            raise ValueError("decoding workers need the fork start method (Linux or macOS); use one worker")
+            raise QkvError("decoding workers need the fork start method (Linux or macOS); use one worker")
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                          initializer=_start_worker, initargs=(task, os.getpid()))
         self._futures: list[Future] = []

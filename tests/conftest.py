@@ -39,7 +39,8 @@ def tiny_run(tmp_path_factory) -> Path:
     """A run directory of the "tiny" preset trained for 60 steps (a few seconds): step-000050,
     step-000060, last/, best/, final/ (the average of the two step checkpoints) and the tokenizer."""
     require_multi30k()
-    from qkv.train import Trainer, build_configs
+    from qkv.train import Trainer
+    from qkv.recipes import build_configs
 
     model, train, data = build_configs(
         "tiny", model={}, train={"max_steps": 60}, data={"data_dir": str(MULTI30K), "valid_limit": 20}

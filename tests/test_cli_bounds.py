@@ -1,4 +1,4 @@
-"""Upper bounds on the decoding flags: `--beam` at most qkv.cli.MAX_BEAM, `--workers` at most the
+"""Upper bounds on the decoding flags: `--beam` at most qkv.cli_common.MAX_BEAM, `--workers` at most the
 CPUs this process may use. Above them, one line and exit status 2, before anything is loaded."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from qkv.cli import MAX_BEAM, build_parser
+from qkv.cli import build_parser
+from qkv.cli_common import MAX_BEAM
 from qkv.server_api import MAX_BEAM as SERVER_MAX_BEAM
 
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

@@ -12,7 +12,7 @@ import torch
 from qkv import checkpoint
 from qkv.cli import main
 from qkv.demo import DEMO_TRAIN, run_demo
-from qkv.train import replace
+from dataclasses import replace
 from qkv.visualize import AttentionCapture, attention_of, token_alignment
 
 # The full demo trains 1000 steps; 200 are enough to be far above chance (a random ISO date is

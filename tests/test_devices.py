@@ -67,7 +67,8 @@ def test_translations_on_the_gpu_equal_the_cpus(random_checkpoint):
 def test_a_training_step_runs_on_the_gpu(tmp_path):
     from conftest import MULTI30K, require_multi30k
 
-    from qkv.train import Trainer, build_configs
+    from qkv.train import Trainer
+    from qkv.recipes import build_configs
 
     require_multi30k()
     model, train, data = build_configs("tiny", model={}, train={"max_steps": 3, "eval_every": 3},

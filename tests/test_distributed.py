@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 from qkv import checkpoint
 from qkv.distributed import step_share
 from qkv.tasks import date_pairs
-from qkv.train import Trainer, build_configs
+from qkv.train import Trainer
+from qkv.recipes import build_configs
 
 TESTS = Path(__file__).resolve().parent
 

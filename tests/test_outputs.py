@@ -253,3 +253,12 @@ def test_a_killed_translation_leaves_no_temporary_file(ckpt, tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en"]  # no out.de, no hidden .out.de.*.tmp
+
+
+def test_export_never_deletes_a_users_directory_named_like_its_temporary_one(ckpt, tmp_path):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'qkv[export]')")
+    assert qkv("export", "--checkpoint", ckpt, "--out", tmp_path / "ct2", "--check", "0").returncode == 0
+    (tmp_path / "ct2").rename(tmp_path / "ct2.tmp")  # the user's export, kept under a name qkv once used
+    before = snapshot(tmp_path / "ct2.tmp")
+    refused(qkv("export", "--checkpoint", ckpt, "--out", tmp_path / "ct2", "--check", "0"), "export", "qkv did not write it")
+    assert snapshot(tmp_path / "ct2.tmp") == before

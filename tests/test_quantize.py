@@ -14,9 +14,37 @@ from torch import nn
 from qkv.decode import DecodeConfig, search
 from qkv.quantize import int8_model, int8_supported
 
-pytestmark = pytest.mark.skipif(not int8_supported(), reason="this PyTorch has no quantized CPU engine")
+needs_engine = pytest.mark.skipif(not int8_supported(), reason="this PyTorch has no quantized CPU engine")
 
 
+def test_pytorch_still_has_the_dynamic_quantization_that_int8_uses():
+    """Fails loudly (no skip) on a PyTorch that removed the deprecated API: qkv.quantize must move on."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
+
+
+@needs_engine
+def test_only_pytorchs_two_deprecation_notices_are_silenced(monkeypatch):
+    import warnings
+
+    import torch.ao.quantization as ao
+
+    real = ao.quantize_dynamic
+
+    def noisy(*args, **kwargs):
+        warnings.warn("torch.ao.quantization is deprecated and will be removed", DeprecationWarning)
+        warnings.warn("something else went wrong in quantization", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ao, "quantize_dynamic", noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        int8_model(make_model(0))
+    messages = [str(w.message) for w in caught]
+    assert "something else went wrong in quantization" in messages  # not swallowed
+    assert not any("torch.ao.quantization is deprecated" in m for m in messages)
+
+
+@needs_engine
 def test_int8_model_quantizes_a_copy_and_keeps_in_proj_in_fp32():
     model = make_model(0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -31,6 +59,7 @@ def test_int8_model_quantizes_a_copy_and_keeps_in_proj_in_fp32():
     assert isinstance(in_proj, nn.Linear) and not isinstance(in_proj, int8_linear) and in_proj.weight.dtype == torch.float32
 
 
+@needs_engine
 def test_int8_logits_are_close_to_fp32_and_search_runs():
     model = make_model(0)
     quantized = int8_model(model)
@@ -46,6 +75,7 @@ def test_int8_logits_are_close_to_fp32_and_search_runs():
         assert len(hyps) == 4 and all(h and all(0 <= t < model.config.tgt_vocab_size for t in h[0].tokens) for h in hyps)
 
 
+@needs_engine
 def test_translate_and_evaluate_with_int8_through_the_command_line(random_checkpoint, tmp_path):
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("A dog runs.\n\nTwo children play.\n")

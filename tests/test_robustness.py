@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from qkv import checkpoint, train as train_module
 from qkv.checks import check_resume_exactness
 from qkv.cli import main
-from qkv.rundir import RunLog
+from qkv.runlog import RunLog
 from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
-from qkv.train import Trainer, build_configs
+from qkv.train import Trainer
+from qkv.recipes import build_configs
 
 
 def qkv(*args: str | Path, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -74,7 +74,7 @@ checkpoint.load = _load_never_stop
 def model_dir(tmp_path_factory) -> Path:
     """A tiny Transformer trained for 40 steps on generated dates (a few seconds)."""
     from qkv.demo import train_dates_model
-    from qkv.train import TrainConfig
+    from qkv.recipes import TrainConfig
 
     out = tmp_path_factory.mktemp("dates")
     train = TrainConfig(max_tokens=1000, lr=3e-3, warmup_steps=10, eval_every=40, max_steps=40, average_last=1, keep_last=1)

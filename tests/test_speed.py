@@ -9,13 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv import speed
+from qkv import cpu
 from qkv.config import ModelConfig
 from qkv.loss import label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model import Transformer
 from qkv.tasks import date_pairs
-from qkv.train import Trainer, build_configs
-from qkv.speed import FastDropout, use_fast_dropout
+from qkv.train import Trainer
+from qkv.recipes import build_configs
+from qkv.dropout import FastDropout, use_fast_dropout
 
 PAD = 2
 
@@ -85,12 +86,12 @@ def test_the_bf16_loss_is_the_float32_loss_to_bfloat16_rounding(bias):
 
 
 def test_bf16_on_the_cpu_is_used_only_with_native_bfloat16(monkeypatch, tmp_path, dates_tsv):
-    monkeypatch.setattr(speed, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_has_bf16", lambda: True)
     assert trainer(tmp_path / "native", dates_tsv, bf16=True).loss_bf16
     assert not trainer(tmp_path / "default", dates_tsv).loss_bf16
     with pytest.warns(UserWarning, match="fused_loss is off"):
         assert not trainer(tmp_path / "plain", dates_tsv, bf16=True, fused_loss=False).loss_bf16
-    monkeypatch.setattr(speed, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_has_bf16", lambda: False)
     with pytest.warns(UserWarning, match="no native bfloat16"):
         assert not trainer(tmp_path / "emulated", dates_tsv, bf16=True).loss_bf16
 
@@ -194,7 +195,7 @@ def test_the_fast_path_trains_as_the_plain_path_does_to_float_tolerance(tmp_path
 
 def test_the_trainer_tunes_the_allocator_unless_told_not_to(monkeypatch, tmp_path, dates_tsv):
     calls = []
-    monkeypatch.setattr(speed, "tune_allocator", lambda: calls.append(1) or True)
+    monkeypatch.setattr(cpu, "tune_allocator", lambda: calls.append(1) or True)
     trainer(tmp_path / "off", dates_tsv, tune_allocator=False)
     assert calls == []
     trainer(tmp_path / "on", dates_tsv)

@@ -40,7 +40,7 @@ def test_train_writes_the_logs_numbers_as_tensorboard_scalars(tmp_path):
 def test_tensorboard_is_refused_clearly_without_the_package(tmp_path, monkeypatch):
     import builtins
 
-    from qkv.rundir import open_tensorboard
+    from qkv.runlog import open_tensorboard
 
     real_import = builtins.__import__
 

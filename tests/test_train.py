@@ -18,10 +18,13 @@ from conftest import MULTI30K, needs_multi30k, require_multi30k
 
 from qkv import checkpoint
 from qkv.config import ConfigError
-from qkv.rundir import step_dirs
+from qkv.checkpoint import step_dirs
 from qkv.stopping import StopRequested
 from qkv.tasks import date_pairs
-from qkv.train import TRAIN_PRESETS, TrainConfig, Trainer, build_configs, constant_lr, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss
+from qkv.recipes import TRAIN_PRESETS, TrainConfig, build_configs
+from qkv.train import Trainer
+from qkv.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
+from qkv.loss import label_smoothed_loss
 from qkv.validation import LENGTH_PENALTIES
 
 PAD = 2  # not 0, so a loss that assumed pad 0 would be caught
