@@ -1,4 +1,5 @@
-# Two entry points: `make demo` (the main job) and `make test` (the whole suite).
+# Two entry points: `make demo` (the main job) and `make test` (the whole suite: tests/unit and
+# tests/e2e); `make test-fast` runs the unit layer alone (under a minute, no training, no subprocess).
 # Each creates the virtual environment in .venv on first use.
 PYTHON ?= python3.11
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" test
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast venv clean
 
 venv: $(VENV)/.installed
 
@@ -23,6 +24,9 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest
+
+test-fast: venv
+	$(BIN)/python -m pytest tests/unit
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from qkv import checkpoint
-from qkv.align import align
-from qkv.data import load_multi30k
+from qkv.io import checkpoint
+from qkv.inspect.align import align
+from qkv.data.corpus import load_multi30k
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "multi30k"

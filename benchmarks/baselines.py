@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.config import ModelConfig
-from qkv.model import sinusoidal_table
+from qkv.model.config import ModelConfig
+from qkv.model.transformer import sinusoidal_table
 
 
 class TutorialAttention(nn.Module):
@@ -176,11 +176,11 @@ def forward_flops(config: ModelConfig, src_lengths: list[int], tgt_lengths: list
 
 def matmul_peak(seconds: float = 2.0, size: int = 2048) -> float:
     """Best fp32 matmul FLOP/s of this process (same threads as the benchmarks) over ``seconds``,
-    with either kernel qkv multiplies with: MKL's ``torch.mm`` and oneDNN's linear (``qkv.kernels``;
+    with either kernel qkv multiplies with: MKL's ``torch.mm`` and oneDNN's linear (``qkv.model.kernels``;
     on an AMD CPU MKL's AVX2 path measures about half of oneDNN's), half the time each."""
     import time
 
-    from qkv import kernels
+    from qkv.model import kernels
 
     a, b = torch.randn(size, size), torch.randn(size, size)
     products = [lambda: torch.mm(a, b)]

@@ -71,7 +71,7 @@ class ServerProcess:
         if prelude is None:
             self.command = [sys.executable, "-m", "qkv", *serve]
         else:
-            code = f"{prelude}\nimport sys\nfrom qkv.cli import main\nsys.exit(main(sys.argv[1:]))"
+            code = f"{prelude}\nimport sys\nfrom qkv.cli.main import main\nsys.exit(main(sys.argv[1:]))"
             self.command = [sys.executable, "-c", code, *serve]
         self.log_path = Path(log_path) if log_path else None
         self.process: subprocess.Popen | None = None

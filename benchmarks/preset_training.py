@@ -10,10 +10,10 @@ and the share of the process's CPU time spent in the kernel (``getrusage``), and
 memory of the row (``VmHWM`` after resetting it through ``/proc/self/clear_refs``).
 
 The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer with them off:
-``tune_allocator`` (``qkv.cpu``; off means glibc's own steady state, restored by
-``qkv.cpu.untune_allocator``), ``fused_loss`` (``qkv.loss.projected_label_smoothed_loss``) and
-``adam`` ("for": PyTorch's per-tensor loop) and ``onednn`` (``qkv.kernels``; off: MKL through
-``F.linear``); ``fast_dropout`` (``qkv.dropout.FastDropout``) is off by
+``tune_allocator`` (``qkv.model.cpu``; off means glibc's own steady state, restored by
+``qkv.model.cpu.untune_allocator``), ``fused_loss`` (``qkv.train.loss.projected_label_smoothed_loss``) and
+``adam`` ("for": PyTorch's per-tensor loop) and ``onednn`` (``qkv.model.kernels``; off: MKL through
+``F.linear``); ``fast_dropout`` (``qkv.model.dropout.FastDropout``) is off by
 default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own, as
 has ``bf16`` (the fused loss's products in bfloat16: not the same numbers either; on a CPU without
 native bfloat16 its rows run in float32, and the table says so).
@@ -32,11 +32,12 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, forward_flops
 from benchmarks.probe import busy, load as load_average, throwaway_trainer
-from qkv import cpu, kernels
-from qkv.dropout import FastDropout
-from qkv.recipes import adam_kernel
-from qkv.data import collate
-from qkv.train import Trainer, build_configs, cpu_bf16_loss
+from qkv.model import cpu
+from qkv.model import kernels
+from qkv.model.dropout import FastDropout
+from qkv.train.recipes import adam_kernel
+from qkv.data.corpus import collate
+from qkv.train.trainer import Trainer, build_configs, cpu_bf16_loss
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False}
 NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False, "onednn": True}

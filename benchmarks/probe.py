@@ -99,7 +99,7 @@ def attention_step(impl: str, n: int, d_model: int, n_heads: int) -> Callable[[]
     import torch.nn.functional as F
 
     from benchmarks.baselines import TutorialAttention
-    from qkv.attention import MultiHeadAttention
+    from qkv.model.attention import MultiHeadAttention
 
     torch.manual_seed(0)
     x = torch.randn(1, n, d_model, requires_grad=True)
@@ -138,9 +138,9 @@ def attention_step(impl: str, n: int, d_model: int, n_heads: int) -> Callable[[]
 def train_memory_step(batch_tokens: int, length: int, model: dict) -> Callable[[], None]:
     """One qkv training step (forward, label-smoothed loss, backward, Adam) on ``batch_tokens``
     source and target tokens per side, in sentences of ``length`` tokens."""
-    from qkv.config import ModelConfig
-    from qkv.model import Transformer
-    from qkv.loss import label_smoothed_loss
+    from qkv.model.config import ModelConfig
+    from qkv.model.transformer import Transformer
+    from qkv.train.loss import label_smoothed_loss
 
     torch.manual_seed(0)
     config = ModelConfig.from_dict(model)
@@ -185,10 +185,10 @@ def run_probe(spec: dict, timeout: float = 600) -> dict:
 
 
 def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None = None):
-    """A ``qkv.train.Trainer`` whose run directory is gone once it is built: a benchmark keeps its
+    """A ``qkv.train.trainer.Trainer`` whose run directory is gone once it is built: a benchmark keeps its
     model, tokenizer and batches, never a run. ``tokenizer``: a tokenizer.model to use instead of
     training one."""
-    from qkv.train import HeldPeakWarning, Trainer
+    from qkv.train.trainer import HeldPeakWarning, Trainer
 
     run_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-"))
     try:

@@ -1,5 +1,5 @@
 """What a unit of `qkv serve`'s work costs in time, by decoding setting: the measurements behind the
-prices of sampled tokens in ``qkv.batcher`` (1 per token, 2 with top_k, 12 with top_p).
+prices of sampled tokens in ``qkv.serve.batcher`` (1 per token, 2 with top_k, 12 with top_p).
 
     python benchmarks/sampling_cost.py            # random models, a few seconds each; no data needed
 
@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from qkv.config import model_preset
-from qkv.decode import DecodeConfig, search
-from qkv.model import Transformer
-from qkv.translate import sentence_seed
+from qkv.model.config import model_preset
+from qkv.infer.search import DecodeConfig, search
+from qkv.model.transformer import Transformer
+from qkv.infer.translator import sentence_seed
 
 BOS, EOS = 1, 2
 SETTINGS = {

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.probe import busy, check_load, run_probe, spread, time_it, train_memory_step
-from qkv.config import ModelConfig
-from qkv.model import Transformer
+from qkv.model.config import ModelConfig
+from qkv.model.transformer import Transformer
 
 BASE = dict(src_vocab_size=8000, tgt_vocab_size=8000, d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6,
             n_decoder_layers=6, dropout=0.1)

@@ -18,8 +18,8 @@ import time
 
 from benchmarks.probe import throwaway_trainer
 from benchmarks.run import DEFAULT_DATA
-from qkv.recipes import parse_overrides
-from qkv.recipes import build_configs
+from qkv.train.recipes import parse_overrides
+from qkv.train.recipes import build_configs
 
 
 def measure(shapes: dict[str, dict], *, data_dir: str, bf16: bool, batches: int, repeats: int,

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import TorchTransformer, TutorialTransformer, fixed_batches, forward_flops
 from benchmarks.probe import throwaway_trainer
-from qkv.data import collate
-from qkv.train import Trainer
-from qkv.recipes import build_configs
+from qkv.data.corpus import collate
+from qkv.train.trainer import Trainer
+from qkv.train.recipes import build_configs
 
 BASE = dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1, norm_first=False)
 SMALL = dict(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.1, norm_first=False)
@@ -89,10 +89,10 @@ def run(*, smoke: bool, data_dir: str, tokenizer_from: Path | None, peak_flops: 
 
     # qkv: its own Trainer.train_step (label smoothing, lr schedule, clipping) on its token batches.
     seconds, tokens, steps = _timed(token_batches, lambda b: _qkv_step(trainer, b), warmup)
-    record("qkv", "qkv.train (token batches <= 4096, length-sorted)", token_batches, seconds, tokens, steps)
+    record("qkv", "qkv.train.trainer (token batches <= 4096, length-sorted)", token_batches, seconds, tokens, steps)
     # The same qkv step on the tutorial's batches separates the model's speed from the batching's.
     seconds, tokens, steps = _timed(sentence_batches, lambda b: _qkv_step(trainer, b), warmup)
-    record("qkv_fixed", "qkv.train on the tutorial's 128-sentence batches", sentence_batches, seconds, tokens, steps)
+    record("qkv_fixed", "qkv.train.trainer on the tutorial's 128-sentence batches", sentence_batches, seconds, tokens, steps)
     del trainer
 
     for name, label, cls in [

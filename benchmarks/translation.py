@@ -7,7 +7,7 @@ under one length limit per batch: the largest of qkv's per-sentence limits (``1.
 10``) in it, since Hugging Face and CTranslate2 take one limit per call (qkv gets it as
 ``max_len_a=0, max_len_b=limit``). Every beam search stops at beam-size finished hypotheses
 (qkv with ``stop_early``).
-CTranslate2 runs qkv's rules (``qkv.export.ct2_translate_ids``: GNMT length penalty, so the same
+CTranslate2 runs qkv's rules (``qkv.interop.ctranslate2.ct2_translate_ids``: GNMT length penalty, so the same
 algorithm as qkv); Hugging Face normalises by ``length ** 0.6``, its only choice. All engines use
 the same number of threads (torch's; CTranslate2 ``intra_threads``), one batch at a time.
 
@@ -45,14 +45,14 @@ from pathlib import Path
 import torch
 
 from benchmarks.probe import busy, check_load, repeat_timed, spread
-from qkv import checkpoint
-from qkv.convert import to_huggingface
-from qkv.data import load_multi30k
-from qkv.decode import DecodeConfig, max_output_length
-from qkv.evaluate import score
-from qkv.export import ct2_translate_ids, ctranslate2_spec
-from qkv.quantize import int8_model, int8_supported
-from qkv.translate import Translator
+from qkv.io import checkpoint
+from qkv.interop.convert import to_huggingface
+from qkv.data.corpus import load_multi30k
+from qkv.infer.search import DecodeConfig, max_output_length
+from qkv.infer.bleu import score
+from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec
+from qkv.model.quantize import int8_model, int8_supported
+from qkv.infer.translator import Translator
 
 SAME_BATCH = 64  # sentences per batch in the same-batches table (CTranslate2's and Hugging Face's usual 64)
 HF_BATCH = 64
@@ -351,7 +351,7 @@ def markdown(section: dict) -> str:
         f"**Same batches**: sentences sorted by source length, cut into {section['same_batches']} batches of at most "
         f"{section['same_batch_sentences']}; every engine translates exactly these batches, one call each, with one length "
         "limit per batch (the largest of qkv's per-sentence limits in it). CTranslate2 runs qkv's search rules "
-        "(`qkv.export.ct2_translate_ids`, GNMT length penalty); Hugging Face normalises beams by `length ** 0.6`.",
+        "(`qkv.interop.ctranslate2.ct2_translate_ids`, GNMT length penalty); Hugging Face normalises beams by `length ** 0.6`.",
         "",
         *_table(section, "same", settings=False),
         "",

@@ -24,8 +24,8 @@ import torch
 from benchmarks.baselines import forward_flops
 from benchmarks.preset_training import NEW, _configure, _measure
 from benchmarks.probe import busy, load as load_average, throwaway_trainer
-from qkv.data import token_batches
-from qkv.recipes import build_configs
+from qkv.data.corpus import token_batches
+from qkv.train.recipes import build_configs
 
 SIZES = (4000, 5000, 8000, 10000)
 SMOKE_SIZES = (300, 600)

@@ -1,3 +1,3 @@
-from qkv.cli import main
+from qkv.cli.main import main
 
 raise SystemExit(main())

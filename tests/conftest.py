@@ -39,8 +39,8 @@ def tiny_run(tmp_path_factory) -> Path:
     """A run directory of the "tiny" preset trained for 60 steps (a few seconds): step-000050,
     step-000060, last/, best/, final/ (the average of the two step checkpoints) and the tokenizer."""
     require_multi30k()
-    from qkv.train import Trainer
-    from qkv.recipes import build_configs
+    from qkv.train.trainer import Trainer
+    from qkv.train.recipes import build_configs
 
     model, train, data = build_configs(
         "tiny", model={}, train={"max_steps": 60}, data={"data_dir": str(MULTI30K), "valid_limit": 20}
@@ -60,10 +60,10 @@ def random_checkpoint(tmp_path_factory) -> Path:
     scores (nonsense) in milliseconds, for tests of the commands around a model."""
     import torch
 
-    from qkv import checkpoint
-    from qkv.config import model_preset
-    from qkv.model import Transformer
-    from qkv.tokenizer import Tokenizer
+    from qkv.io import checkpoint
+    from qkv.model.config import model_preset
+    from qkv.model.transformer import Transformer
+    from qkv.data.tokenizer import Tokenizer
 
     where = tmp_path_factory.mktemp("random-model")
     tok = Tokenizer.train(RANDOM_MODEL_SENTENCES, vocab_size=60, path=where / "spm.model")

@@ -1,0 +1,137 @@
+"""What the ``qkv`` commands share: the registry that ``command`` fills, and the flags and settings
+of the decoding commands (search, device, int8, workers).
+
+Each command module registers its commands with ``command``; ``qkv.cli.main`` imports them all and
+builds the parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from qkv.errors import QkvError
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None] = lambda p: None):
+    """Register ``fn(namespace) -> exit code`` as a subcommand; ``args`` declares its options."""
+
+    def register(fn: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (help, args, fn)
+        return fn
+
+    return register
+
+
+# Upper bounds of the decoding flags, checked as they are parsed (one line, exit 2). A step of beam
+# search holds beam x vocabulary scores for every sentence of a batch: at beam 64, 32,000 tokens and
+# 128 sentences, 1 GB. (`qkv serve` allows clients at most beam 16: qkv.serve.api.MAX_BEAM.)
+MAX_BEAM = 64
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def int_at_most(high: Callable[[], int], why: str) -> type[argparse.Action]:
+    """An int option of at most ``high()``; above, one line that ends with ``why`` (formatted with it).
+    (Too low is the library's to say: DecodeConfig and Translator name the lower bounds.)"""
+
+    class AtMost(argparse.Action):
+        def __call__(self, parser, namespace, value, option_string=None) -> None:
+            if value > (top := high()):
+                parser.exit(2, f"{parser.prog}: error: {option_string} must be at most {top}, got {value}: {why.format(top)}\n")
+            setattr(namespace, self.dest, value)
+
+    return AtMost
+
+
+def decode_args(
+    p: argparse.ArgumentParser, *, ensemble: bool = False,
+    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)",
+) -> None:
+    """The search's flags; ``batch_tokens``: the help of --batch-tokens, or None for a command without batches."""
+    if ensemble:
+        p.add_argument("--checkpoint", required=True, action="append",
+                       help="checkpoint directory (or a run directory: uses its final/); give it again to translate with an ensemble")
+    else:
+        p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--beam", type=int, action=int_at_most(lambda: MAX_BEAM, "each step holds beam x vocabulary scores per sentence"),
+                   help=f"beam size (1 = greedy; default 5; at most {MAX_BEAM}: each step holds beam x vocabulary scores for "
+                        "every sentence of a batch, 1 GB at beam 64 with 32,000 tokens and 128 sentences)")
+    p.add_argument("--length-penalty", type=float,
+                   help="GNMT length penalty alpha (0 = none; default: the one chosen on validation at the end of "
+                        "the checkpoint's training, else 0.6)")
+    p.add_argument("--max-len-a", type=float, default=1.5, help="max output length = a * source length + b")
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--stop-early", action="store_true",
+                   help="end a sentence's beam search at beam-size finished hypotheses, as CTranslate2 and fairseq do "
+                        "(default: search on while a live beam can still beat the best finished one)")
+    if batch_tokens:
+        p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
+
+
+def workers_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=1,
+                   action=int_at_most(usable_cpus, "this process may use {} CPUs, and a worker runs one thread: more only take turns"),
+                   help="search batches side by side in N processes of one thread each (CPU only; faster for small "
+                        "models, the translations of one process with one thread; default 1; at most the CPUs this "
+                        "process may use: more workers of one thread would only take turns)")
+
+
+def device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N")
+
+
+def device_of(args: argparse.Namespace):
+    from qkv.model.devices import resolve_device
+
+    return resolve_device(args.device)
+
+
+def int8_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (README: Benchmarks)")
+
+
+def int8_device(args: argparse.Namespace):
+    """The device of a decoding command; ``--int8`` runs on the CPU, so with it ``auto`` means the CPU."""
+    from qkv.model.devices import resolve_device
+
+    if args.int8 and args.device == "auto":
+        return resolve_device("cpu")
+    device = resolve_device(args.device)
+    if args.int8 and device.type != "cpu":
+        raise QkvError(f"--int8 runs on the CPU: leave out --device {args.device} (or give --device cpu)")
+    return device
+
+
+def decoding_model(args: argparse.Namespace):
+    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 if asked."""
+    from qkv.model.cpu import tune_allocator
+    from qkv.infer.ensemble import load_ensemble
+    from qkv.model.quantize import int8_model
+
+    model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
+    if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
+        tune_allocator()
+    return (int8_model(model) if args.int8 else model), tokenizer
+
+
+def decode_config(args: argparse.Namespace, n_best: int = 1):
+    from qkv.infer.search import DecodeConfig
+
+    sampling = {k: getattr(args, k) for k in ("sampling", "temperature", "top_k", "top_p", "seed") if hasattr(args, k)}
+    alpha = args.length_penalty
+    if alpha is None:  # the checkpoint's (an ensemble: the first's), else DecodeConfig's
+        from qkv.io import checkpoint
+
+        first = args.checkpoint[0] if isinstance(args.checkpoint, list) else args.checkpoint
+        alpha = checkpoint.decode_defaults(checkpoint.read_config(first)).get("length_penalty", DecodeConfig.length_penalty)
+    return DecodeConfig(
+        beam_size=args.beam, length_penalty=alpha, max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b, n_best=n_best, stop_early=args.stop_early, **sampling,
+    )
+

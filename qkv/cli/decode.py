@@ -1,0 +1,137 @@
+"""The ``qkv`` commands that translate: translate, evaluate, and average (of the weights a translation uses)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv.errors import QkvError
+from qkv.cli.common import (
+    decode_args, decode_config, decoding_model, device_arg, int8_arg, workers_arg, command,
+)
+
+
+def _translate_args(p: argparse.ArgumentParser) -> None:
+    decode_args(p, ensemble=True)
+    int8_arg(p)
+    device_arg(p)
+    workers_arg(p)
+    p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
+    p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
+    p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
+    p.add_argument("--sampling", action="store_true", help="draw each token at random instead of searching (the beam defaults to 1)")
+    p.add_argument("--temperature", type=float, default=1.0, help="with --sampling: softmax temperature (default 1)")
+    p.add_argument("--top-k", type=int, default=0, help="with --sampling: only the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --sampling: only the nucleus holding this probability")
+    p.add_argument("--seed", type=int, default=0, help="with --sampling: a sentence's sample repeats under the same seed")
+    p.add_argument("--trace", metavar="TRACE", help="also write the beam search of the --input file's first line, step by step: TRACE.png, .html, .json")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
+
+
+@command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
+def translate(args: argparse.Namespace) -> int:
+    import contextlib
+    import itertools
+
+    from qkv.io.outputs import check_output, output_or_stdout, read_dirs
+    from qkv.infer.translator import Translator, input_lines, translate_stream
+
+    from qkv.cli.inspect import trace_paths, write_trace
+
+    # Before loading anything: -o never truncates the input, a file the user has, or the checkpoint.
+    reads = read_dirs(args.checkpoint)
+    if args.output:
+        check_output(args.output, force=args.force, inputs=(args.input,), reads=reads)
+    if args.trace and not args.input:
+        raise QkvError("--trace traces the first line of --input FILE: give one")
+    for path in trace_paths(args.trace):
+        check_output(path, force=args.force, inputs=(args.input,), reads=reads)
+    model, tokenizer = decoding_model(args)
+    translator = Translator(model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
+                            workers=args.workers)
+    with contextlib.ExitStack() as stack:
+        if args.input:
+            source, name = stack.enter_context(open(args.input, "rb")), args.input
+        else:  # bytes, not text: Python would turn invalid UTF-8 on stdin into lone surrogates
+            source, name = getattr(sys.stdin, "buffer", sys.stdin), "standard input"
+        if args.trace:  # the first line is read once and translated with the rest (the input may be a pipe)
+            first = source.readline()
+            line = next(input_lines([first], name), "")
+            written = write_trace(model, tokenizer, line, translator.config, args.trace, force=args.force)
+            print(f"beam trace of line 1: {', '.join(map(str, written))}", file=sys.stderr)
+            source = itertools.chain([first] if first else [], source)
+        # The output file appears, whole, when the last line is translated.
+        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,), reads=reads))
+        stack.enter_context(translator)  # its workers end before the output file is put in place
+        translate_stream(translator, source, sink, name=name, n_best=args.n_best)
+    return 0
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    decode_args(p, ensemble=True)
+    int8_arg(p)
+    device_arg(p)
+    workers_arg(p)
+    p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
+    p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
+    p.add_argument("--ref-file", help="reference translations for --src-file")
+    p.add_argument("--save", help="also write the translations to this file, one line per source line")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --save file")
+
+
+@command("evaluate", "translate a test set and score it with sacreBLEU (BLEU, lowercased BLEU, chrF)", _evaluate_args)
+def evaluate(args: argparse.Namespace) -> int:
+    import time
+
+    from qkv.io import checkpoint
+    from qkv.data.corpus import load_multi30k, read_parallel
+    from qkv.infer.bleu import format_scores, score
+    from qkv.io.outputs import check_output, output_file, read_dirs
+    from qkv.infer.translator import Translator
+
+    reads = read_dirs(args.checkpoint)
+    if args.save:
+        check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads)
+    model, tokenizer = decoding_model(args)
+    if args.src_file or args.ref_file:
+        if not (args.src_file and args.ref_file):
+            raise QkvError("give both --src-file and --ref-file")
+        corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
+    else:
+        data = checkpoint.read_config(args.checkpoint[0]).get("data", {})
+        src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
+        corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
+    started = time.perf_counter()
+    with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers) as translator:
+        hypotheses = translator.translate(corpus.src)
+    seconds = time.perf_counter() - started
+    if args.save:
+        with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads) as handle:
+            handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
+    names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
+    workers = f", {args.workers} workers" if args.workers > 1 else ""
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{workers}, {seconds:.1f}s")
+    print(format_scores(score(hypotheses, corpus.tgt)))
+    return 0
+
+
+def _average_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
+    p.add_argument("--out", required=True, help="where to write the averaged checkpoint (a new directory)")
+    p.add_argument("--force", action="store_true", help="replace --out if it is a qkv checkpoint (never another directory)")
+
+
+@command("average", "average the weights of several checkpoints into one", _average_args)
+def average(args: argparse.Namespace) -> int:
+    from qkv.io import checkpoint
+    from qkv.io.outputs import check_checkpoint_out, read_dirs
+
+    out = check_checkpoint_out(args.out, force=args.force, reads=read_dirs(args.checkpoints))
+    first = checkpoint.load(args.checkpoints[0])
+    weights = checkpoint.average([checkpoint.resolve(p) for p in args.checkpoints])
+    configs = {k: v for k, v in first.config.items() if k not in ("format", "model")}
+    checkpoint.save(out, first.model, first.tokenizer, configs=configs, state_dict=weights)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
+    return 0
+

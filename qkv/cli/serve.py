@@ -1,0 +1,54 @@
+"""``qkv serve``: the HTTP server's command line (``qkv.serve.app``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.cli.common import device_of, device_arg, command
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    device_arg(p)
+    # The defaults are qkv.serve.app.DEFAULT_LIMITS, written out so that parsing does not import the server
+    # (a test checks that the two agree).
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-sentences", type=int, default=32, help="sentences per batch (default 32)")
+    p.add_argument("--max-batch-tokens", type=int, default=4096, help="source tokens per batch (default 4096)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a batch waits for more requests (default 10)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting or being translated before 503 (default 256)")
+    p.add_argument("--max-queue-work", type=int, default=200_000, help="units of work waiting or being translated before 503 (default 200000)")
+    p.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
+    p.add_argument("--max-chars", type=int, default=1000, help="characters per text (default 1000)")
+    p.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="request body size; larger gets 413 before it is read (default 1048576)"
+    )
+    p.add_argument(
+        "--max-request-work", type=int, default=20_000,
+        help="decoding work per request and per batch: beam size x maximum output tokens, summed over texts (default 20000)",
+    )
+    p.add_argument(
+        "--max-attention-weights", type=int, default=1_000_000,
+        help="attention weights one request may return: layers x heads x output x source tokens (default 1000000)",
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=60.0, help="seconds a request may wait for its translation, then 504 (default 60)"
+    )
+    p.add_argument(
+        "--graceful-timeout", type=float, default=30.0,
+        help="seconds requests in flight get on SIGTERM; then they are dropped and the server exits (default 30)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+@command("serve", "serve translations over HTTP: JSON API with dynamic batching, docs and an attention page", _serve_args)
+def serve_command(args: argparse.Namespace) -> int:
+    from qkv.serve.app import DEFAULT_LIMITS, serve
+
+    serve(
+        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device_of(args),
+        graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
+    )
+    return 0
+

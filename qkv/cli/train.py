@@ -1,0 +1,189 @@
+"""``qkv train``: the command line of a training run, new (``--out``), resumed (``--resume``) or
+fine-tuned (``--init-from``); the loop itself is ``qkv.train.trainer.Trainer``.
+
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.cli.common import device_of, command
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    from qkv.train.recipes import parse_duration
+
+    p.add_argument("--out", help="run directory (checkpoints, log.jsonl, curves.png): new or empty")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed or interrupted run from RUN_DIR/last")
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="start over in the run --out: delete what qkv wrote there (log, curves, tokenizer, checkpoints), nothing else",
+    )
+    p.add_argument("--preset", help="training recipe (default multi30k): " + ", ".join(sorted(_train_presets())))
+    p.add_argument("--init-from", metavar="CKPT", help="fine-tune: start from this checkpoint's weights and tokenizer (fresh optimizer and schedule)")
+    p.add_argument("--config", metavar="FILE.toml", help="preset and [model]/[train]/[data] keys from a TOML file; flags override it")
+    p.add_argument("--dump-config", action="store_true", help="print the full resolved config (a --config file) and exit")
+    p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
+    p.add_argument("--tgt", help="target language")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else download to a cache)")
+    p.add_argument("--train-src", help="your own training data: source file (or a TSV with both sides)")
+    p.add_argument("--train-tgt", help="your own training data: target file")
+    p.add_argument("--valid-src", help="validation source file (default: hold out part of the training data)")
+    p.add_argument("--valid-tgt", help="validation target file")
+    p.add_argument(
+        "--time-budget", type=parse_duration,
+        help="train for about this long (e.g. 60m): the first updates are timed and the budget becomes a step count",
+    )
+    p.add_argument("--max-steps", type=int, help="stop after this many updates")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="model config overrides, e.g. norm_first=true")
+    p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
+    p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
+    p.add_argument("--tensorboard", metavar="DIR", help="also write losses, learning rate, throughput and validation scores as TensorBoard scalars to DIR (needs the tensorboard package)")
+    p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process uses its rank's device")
+    p.add_argument("--accumulate", type=int, metavar="K", help="sum K batches per optimizer step, per process")
+    p.add_argument("--bf16", action="store_true", help="bfloat16: autocast on a GPU; on a CPU with AVX-512 BF16 or AMX, the output layer and loss (else float32, with a warning)")
+
+
+def _train_presets() -> list[str]:
+    from qkv.train.recipes import TRAIN_PRESETS
+
+    return list(TRAIN_PRESETS)
+
+
+@command("train", "train a translation model (Multi30k or your own parallel text; under torchrun: distributed)", _train_args)
+def train(args: argparse.Namespace) -> int:
+    from qkv.train import distributed
+
+    # Under torchrun, join the process group (gloo on CPU, NCCL on GPU); otherwise a single process.
+    ctx = distributed.init_from_env()
+    try:
+        code = _train(args, ctx)
+    except BaseException:
+        distributed.shutdown(clean=False)
+        raise
+    distributed.shutdown()
+    return code
+
+
+def _train(args: argparse.Namespace, ctx) -> int:
+    from qkv.train import distributed
+    from qkv.io.outputs import check_apart, read_dirs
+    from qkv.io.runs import check_new_run, run_entries
+    from qkv.train.stopping import StopRequested
+    from qkv.io import checkpoint
+    from qkv.model.devices import describe
+    from qkv.train.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
+    from qkv.train.trainer import Trainer
+    from qkv.train.recipes import build_configs
+
+    device = None if ctx.enabled else device_of(args)  # torchrun gives each process its device
+    if args.tensorboard:  # its event files may not land in a checkpoint the run reads or writes
+        run = args.resume or args.out
+        check_apart(args.tensorboard, [*read_dirs([args.init_from]), *(run_entries(Path(run)) if run else [])],
+                    flag="--tensorboard", replaced=False)
+    train_overrides = parse_overrides(args.train)
+    for key, value in [
+        ("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed),
+        ("accumulate", args.accumulate), ("bf16", args.bf16 or None),
+    ]:
+        if value is not None:
+            train_overrides[key] = value
+    data = parse_overrides(args.data)
+    for key, value in [
+        ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
+        ("train_src", args.train_src), ("train_tgt", args.train_tgt),
+        ("valid_src", args.valid_src), ("valid_tgt", args.valid_tgt),
+    ]:
+        if value is not None:
+            data[key] = value
+    if args.train_src:
+        data["corpus"] = "files"
+    if args.resume:
+        ignored = [
+            flag for flag, value in [
+                ("--out", args.out), ("--overwrite", args.overwrite), ("--config", args.config),
+                ("--dump-config", args.dump_config), ("--init-from", args.init_from),
+            ] if value
+        ]  # fmt: skip
+        if ignored:
+            raise QkvError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
+        if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
+            model = parse_overrides(args.model)
+            configs = build_configs(args.preset or "multi30k", model=model, train={}, data=data)
+            given = None if args.preset else {"model": set(model), "data": set(data)}  # a preset sets every key
+            _check_resume_agrees(args.resume, configs[0], configs[2], given=given)
+        trainer = Trainer.resume(args.resume, device=device, tensorboard=args.tensorboard, **train_overrides)
+    else:
+        if args.init_from and args.out:  # --overwrite must never delete the checkpoint it fine-tunes from
+            check_apart(args.out, read_dirs([args.init_from]))
+        file = read_config_file(args.config) if args.config else {}
+        preset = args.preset or file.get("preset", "multi30k")
+        model = {**file.get("model", {}), **parse_overrides(args.model)}
+        parent = checkpoint.load(args.init_from) if args.init_from else None
+        model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
+            preset, model={} if parent else model,
+            train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
+        )
+        if parent:  # the parent's model, not the preset's
+            model_cfg = fine_tuning_model(parent.model.config, model)
+        if args.dump_config:
+            print(dump_config(preset, model_cfg, train_cfg, data_cfg), end="")
+            return 0
+        if not args.out:
+            raise QkvError("give --out RUN_DIR for a new run (or --resume RUN_DIR)")
+        # Every process checks before any writes (rank 0 alone clears the directory, in Trainer).
+        problem = check_new_run(Path(args.out), overwrite=args.overwrite)
+        if distributed.any_rank([problem is not None], ctx)[0]:
+            raise QkvError(problem or f"--out {args.out} was refused by another process")
+        trainer = Trainer(args.out, model_cfg, train_cfg, data_cfg, start_over=args.overwrite, init_from=parent, device=device,
+                          tensorboard=args.tensorboard)
+        if trainer.deleted:
+            print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
+    if ctx.is_main:
+        where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
+        where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16", None: ""}[trainer.bf16_mode]
+        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
+    try:
+        result = trainer.run(progress=not args.no_progress)
+    except StopRequested as stop:
+        if ctx.is_main:
+            print(
+                f"interrupted: saved {trainer.run_dir / 'last'} at step {trainer.saved_step} ({stop}); "
+                f"continue with qkv train --resume {trainer.run_dir}", file=sys.stderr,
+            )  # fmt: skip
+        return stop.exit_status
+    if not ctx.is_main:
+        return 0
+    final = result.final
+    print(f"stopped after {result.step} steps ({result.stopped_because})")
+    print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
+    print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
+    return 0
+
+
+def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | None = None) -> None:
+    """Model and data flags given with --resume must describe the run as it was started: they cannot
+    change it (its weights and its position in the data depend on them), and are never ignored silently.
+    ``given``: the keys the flags set, per section; None when a preset was named, which sets them all."""
+    from dataclasses import asdict
+
+    from qkv.io import checkpoint
+    from qkv.train.recipes import FROM_TOKENIZER
+
+    saved = checkpoint.read_config(Path(run) / "last")
+    changes = [
+        f"{key} ({saved[section].get(key)!r} -> {value!r})"
+        for section, config in (("model", model), ("data", data))
+        for key, value in asdict(config).items()
+        if key not in FROM_TOKENIZER and saved[section].get(key) != value and (given is None or key in given[section])
+    ]
+    if changes:
+        raise QkvError(
+            f"--resume cannot change {', '.join(changes[:3])}{' and more' if len(changes) > 3 else ''}: "
+            "the run keeps the model and data it started with; leave out --preset, --model and the data flags"
+        )

@@ -1,0 +1,1 @@
+"""The data layer (bottom): parallel corpora, tokenizers, the synthetic tasks."""

@@ -1,0 +1,1 @@
+"""Inference: search, the Translator, decoding workers, ensembles, forced-decoding scores, BLEU."""

@@ -1,0 +1,344 @@
+"""Search: greedy and beam search over a trained ``Transformer`` (or any ``SearchModel``), batched, with the key/value cache.
+
+Dimension legend: B sentences, K beam size, S source length, V vocabulary size.
+
+Both searches encode the source once, then call ``model.decode`` one token at a time with a
+``DecoderState``. Sentences that are finished are dropped from the batch, so the cost of a batch
+follows its live sentences, not its longest one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from qkv.model.config import ConfigError, ModelConfig, check_types, config_from_dict
+
+
+class SearchModel(Protocol):
+    """What greedy and beam search need of a model: ``qkv.model.transformer.Transformer`` and ``qkv.infer.ensemble.Ensemble``
+    are both one. ``encode`` returns the memory, the source mask (B, S) and attention weights;
+    ``decode`` the logits (or log-probabilities) of every target position, (B, T, V), with a state
+    that caches the keys and values of the positions decoded so far."""
+
+    config: ModelConfig
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[Any, Tensor, list[Tensor]]: ...
+
+    def decode(self, tgt: Tensor, memory: Any, src_mask: Tensor, *, state: Any = None, need_weights: bool = False) -> tuple[Tensor, Any]: ...
+
+    def new_state(self, capacity: int = 16) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to search. The maximum output length is ``max_len_a * source_length + max_len_b``, where
+    ``source_length`` counts a sentence's own tokens and its EOS (not the batch's padding)."""
+
+    beam_size: int = 5
+    length_penalty: float = 0.6  # alpha of GNMT's ((5 + length) / 6) ** alpha; 0 disables it
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    n_best: int = 1
+    # Stop a sentence as soon as it has beam_size finished hypotheses (CTranslate2's and fairseq's
+    # rule), instead of when no live beam can still beat them: faster, and not always the best.
+    stop_early: bool = False
+    # Sampling instead of search: each token drawn from softmax(logits / temperature), restricted to
+    # the top_k most likely tokens (0: all) and to the smallest set holding top_p of the probability.
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0  # with the same seed, a sentence gets the same sample, however it is batched
+
+    def __post_init__(self) -> None:
+        check_types(self, "decode")
+        if self.beam_size < 1:
+            raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.sampling and self.beam_size != 1:
+            raise ConfigError(f"sampling draws one translation per sentence: beam_size must be 1, got {self.beam_size}")
+        if self.temperature <= 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("need temperature > 0, top_k >= 0 and 0 < top_p <= 1")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ConfigError(f"n_best must be between 1 and beam_size ({self.beam_size}), got {self.n_best}")
+        if self.length_penalty < 0:
+            raise ConfigError(f"length_penalty must be >= 0, got {self.length_penalty}")
+        if self.max_len_a < 0:
+            raise ConfigError(f"max_len_a must be >= 0, got {self.max_len_a}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DecodeConfig:
+        return config_from_dict(cls, data)
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS, without EOS
+    score: float  # length-normalised log-probability (the ranking key)
+    log_prob: float  # total log-probability, EOS included
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's length normaliser ((5 + length) / 6) ** alpha (Wu et al., 2016); 1 when alpha is 0."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_output_length(model: SearchModel, src_len: int, config: DecodeConfig) -> int:
+    return max(1, min(int(config.max_len_a * src_len + config.max_len_b), model.config.max_len - 1))
+
+
+def _output_limits(model: SearchModel, src_mask: Tensor, config: DecodeConfig) -> list[int]:
+    """Each sentence's maximum output length, from its own length: padding must not lengthen the
+    output of a short sentence batched with long ones. src_mask: (B, S), True for real tokens."""
+    return [max_output_length(model, n, config) for n in src_mask.sum(dim=1).tolist()]
+
+
+def beam_candidates(scores: Tensor, log_probs: Tensor, k: int, block: int = 128) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``k`` best one-token extensions of each sentence's beams, best first.
+
+    scores: (B, K) total log-probability of each live beam (-inf for an unused slot);
+    log_probs: (B, K, V) next-token log-probabilities. Returns the candidates' total scores (B, k),
+    the beam each extends (B, k) and the token it appends (B, k).
+
+    The same result as one ``topk`` over all K * V sums, found faster: the vocabulary is cut into
+    blocks of ``block`` tokens, and the k best candidates lie in the k blocks with the best maxima
+    (a candidate outside them would have k better block maxima above it).
+    """
+    B, K, V = log_probs.shape
+    n_blocks = -(-V // block)
+    if n_blocks * K < 4 * k:  # a small vocabulary: one topk is as fast
+        total = (scores[:, :, None] + log_probs).view(B, K * V)  # (B, K*V)
+        top, flat = total.topk(k, dim=-1)
+        return top, flat // V, flat % V
+    full = V // block * block  # the last block may be shorter: its maximum is taken apart (no padded copy)
+    maxima = log_probs[..., :full].unflatten(-1, (V // block, block)).amax(dim=-1)  # (B, K, V // block)
+    if full < V:
+        maxima = torch.cat([maxima, log_probs[..., full:].amax(dim=-1, keepdim=True)], dim=-1)  # (B, K, n)
+    maxima = maxima + scores[:, :, None]
+    best = maxima.view(B, K * n_blocks).topk(k, dim=-1).indices  # (B, k) the blocks to search
+    beam, first = best // n_blocks, (best % n_blocks) * block  # (B, k)
+    tokens = first[:, :, None] + torch.arange(block, device=log_probs.device)  # (B, k, block)
+    rows = torch.arange(B, device=log_probs.device)[:, None, None]
+    total = log_probs[rows, beam[:, :, None], tokens.clamp(max=V - 1)].masked_fill(tokens >= V, float("-inf"))
+    total = total + scores.gather(1, beam)[:, :, None]  # (B, k, block)
+    top, flat = total.view(B, k * block).topk(k, dim=-1)  # (B, k)
+    return top, beam.gather(1, flat // block), tokens.view(B, k * block).gather(1, flat)
+
+
+def split_candidates(top: Tensor, token: Tensor, *, k: int, eos_id: int, last_step: Tensor) -> tuple[Tensor, Tensor]:
+    """One beam step for every sentence at once: which of its best extensions finish, which stay live.
+
+    top, token: (B, 2k) the candidates' scores and tokens, best first, from ``beam_candidates``;
+    last_step: (B,) bool, True where a sentence takes its last allowed step. A candidate finishes
+    when it appends EOS (or at the last step, whatever it appends) and ranks among the first ``k``;
+    an EOS ranked lower is dropped, since ``k`` better continuations exist. The ``k`` best
+    candidates that do not end in EOS stay live. ``-inf`` candidates (from unused beam slots) do
+    neither. Returns ``finishing`` and ``stays``, both (B, 2k) bool.
+    """
+    real = top > float("-inf")
+    ends = (token == eos_id) | last_step[:, None]  # (B, 2k)
+    finishing = ends & real & (torch.arange(top.size(1), device=top.device) < k)
+    stays = ~ends & real
+    return finishing, stays & (stays.cumsum(dim=1) <= k)
+
+
+def trace_step(
+    step: int, scores: Tensor, history: Tensor, top: Tensor, beam: Tensor, token: Tensor, stays: Tensor,
+    finished_ranks: list[int], alpha: float,
+) -> dict:
+    """One beam step of one sentence, for a reader: the live beams it started from (tokens, score),
+    and each of the 2K candidates considered with what became of it: "finished" (a hypothesis, with
+    its length-normalised score), "live" (a beam of the next step) or "pruned" (an EOS ranked below K,
+    a finish with no room left, or a continuation beyond the K best). scores: (k,), history: (k, t),
+    top, beam, token, stays: (2K,)."""
+    beams = [{"tokens": t, "score": s} for t, s in zip(history.tolist(), scores.tolist()) if s > float("-inf")]
+    candidates = []
+    for rank, (score, b, t, live) in enumerate(zip(top.tolist(), beam.tolist(), token.tolist(), stays.tolist())):
+        if score == float("-inf"):
+            continue
+        fate = "finished" if rank in finished_ranks else "live" if live else "pruned"
+        entry = {"beam": b, "token": t, "score": score, "fate": fate}
+        if fate == "finished":
+            entry["normalized"] = score / length_penalty(step + 1, alpha)
+        candidates.append(entry)
+    return {"step": step, "beams": beams, "candidates": candidates}
+
+
+def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: DecodeConfig) -> Tensor:
+    """Draw one token per row from softmax(logits / temperature), within the top-k and the top-p
+    nucleus. logits: (b, V); generators: one per row, so a row's draws do not depend on the others."""
+    logits = logits.float() / config.temperature  # (b, V)
+    V = logits.size(-1)
+    if config.top_k and config.top_k < V:
+        kth = logits.topk(config.top_k, dim=-1).values[:, -1:]  # (b, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)  # (b, V)
+    if config.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= config.top_p  # mass before it already >= p
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    cumulative = probs.cumsum(dim=-1)  # (b, V)
+    u = torch.stack([torch.rand((), generator=g) for g in generators]).to(probs.device) * cumulative[:, -1]  # (b,)
+    # The first token whose cumulative probability exceeds u: a zero-probability token never is.
+    return torch.searchsorted(cumulative, u[:, None], right=True).squeeze(1).clamp(max=V - 1)
+
+
+def _start(model: SearchModel, src: Tensor, bos_id: int, config: DecodeConfig):
+    """Encode ``src``; the first step decodes BOS once per sentence. Also each sentence's output limit."""
+    memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
+    limits = _output_limits(model, src_mask, config)  # (B,)
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)
+    return memory, src_mask, model.new_state(capacity=max(limits)), tokens, limits
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    suppress: tuple[int, ...] = (),
+) -> list[list[int]]:
+    """The most likely next token at every step (or, with ``config.sampling``, one drawn at random,
+    each sentence from a generator seeded by ``seeds``). src: (B, S). Returns token lists without BOS/EOS."""
+    B = src.size(0)
+    if config.sampling:
+        generators = [torch.Generator().manual_seed(s) for s in (seeds or [config.seed + b for b in range(B)])]
+    memory, src_mask, state, last, limits = _start(model, src, bos_id, config)
+    limits = torch.tensor(limits, device=src.device)  # (B,)
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
+    for step in range(int(limits.max())):
+        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
+        if suppress:
+            logits[:, -1, list(suppress)] = float("-inf")
+        if config.sampling:
+            next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
+        else:
+            next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
+        for sentence, token in zip(alive.tolist(), next_tokens.tolist()):  # one host read per step
+            if token != eos_id:
+                outputs[sentence].append(token)
+        keep = ((next_tokens != eos_id) & (step + 1 < limits[alive])).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        if keep.numel() < alive.numel():
+            alive, memory, src_mask = alive[keep], memory[keep], src_mask[keep]
+            state.reorder(keep)
+        last = next_tokens[keep, None]  # (b, 1)
+    return outputs
+
+
+@torch.inference_mode()
+def beam_search(
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None,
+    suppress: tuple[int, ...] = (),
+) -> list[list[Hypothesis]]:
+    """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
+
+    Each step takes the 2K best extensions of a sentence's K beams: those ending in EOS among the
+    first K become finished hypotheses (a sentence keeps its K best by normalised score), and the
+    best K that do not end in EOS stay live. A sentence is done at its maximum length, or when no
+    live beam can still beat its ``n_best``-th finished hypothesis: a live beam's log-probability
+    only falls as it grows, and the normaliser only rises, so ``score / length_penalty(limit)``
+    bounds every hypothesis it can become. The result is the best normalised hypotheses the beam
+    finds, not merely the first K to finish (``config.stop_early`` stops at the first K, as
+    CTranslate2 does).
+
+    The first step decodes BOS once per sentence (all K beams would be the same), and the K beams
+    of a sentence share one copy of its memory and cross-attention keys and values.
+
+    ``trace``: a list that receives, for the first sentence, one record per step (``trace_step``).
+    ``suppress``: token ids never appended (their log-probability set to -inf, without renormalising).
+    """
+    B, K, device = src.size(0), config.beam_size, src.device
+    memory, src_mask, state, last, limits = _start(model, src, bos_id, config)  # (B, S, D), (B, S), state, (B, 1), (B,)
+    scores = torch.zeros(B, 1, device=device)  # (b, k) total log-probability of each live beam; k = 1 at first
+    history = torch.empty(B, 1, 0, dtype=torch.long, device=device)  # (b, k, t) tokens so far
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    alive = list(range(B))  # sentence index of each live row group
+
+    for step in range(max(limits)):
+        b, k = scores.shape
+        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b*k, 1, V)
+        log_probs = logits[:, -1].float().log_softmax(dim=-1).view(b, k, -1)  # (b, k, V)
+        if suppress:
+            log_probs[:, :, list(suppress)] = float("-inf")
+        top, beam, token = beam_candidates(scores, log_probs, min(2 * K, k * log_probs.size(2)))  # (b, 2K)
+        final_step = [step == limits[s] - 1 for s in alive]  # (b,) whether each sentence takes its last step
+        finishing, stays = split_candidates(top, token, k=K, eos_id=eos_id, last_step=torch.tensor(final_step, device=device))
+
+        # Finished hypotheses: host work only for the (few) candidates that end this step.
+        rows, ranks = finishing.nonzero(as_tuple=True)
+        accepted = []  # (row, rank) of the candidates that became finished hypotheses
+        if rows.numel():
+            ended = zip(rows.tolist(), ranks.tolist(), top[rows, ranks].tolist(), token[rows, ranks].tolist(),
+                        history[rows, beam[rows, ranks]].tolist())
+            for row, rank, score, t, tokens in ended:
+                hyps = finished[alive[row]]
+                normalized = score / length_penalty(step + 1, config.length_penalty)
+                if len(hyps) == K and normalized <= hyps[-1].score:
+                    continue  # no better than the K kept
+                tokens = tokens + ([] if t == eos_id else [t])
+                hyps.append(Hypothesis(tokens, normalized, score))
+                hyps.sort(key=lambda h: h.score, reverse=True)
+                del hyps[K:]
+                accepted.append((row, rank))
+        if trace is not None and alive[0] == 0:  # the first sentence is still searched, in row 0
+            trace.append(trace_step(step, scores[0], history[0], top[0], beam[0], token[0], stays[0],
+                                    [rank for row, rank in accepted if row == 0], config.length_penalty))
+
+        # The live beams, best first: row r, slot j continues beam new_beam[r, j] with new_token[r, j].
+        slots = (~stays).to(torch.int8).argsort(dim=1, stable=True)[:, :K]  # (b, K) ranks of the live candidates
+        live = stays.gather(1, slots)  # (b, K) False where a sentence has fewer than K
+        new_scores = top.gather(1, slots).masked_fill(~live, float("-inf"))
+        new_beam = beam.gather(1, slots).masked_fill(~live, 0)
+        new_token = token.gather(1, slots).masked_fill(~live, eos_id)
+        source_rows = (torch.arange(b, device=device)[:, None] * k + new_beam).view(-1)  # (b*K,)
+        history = torch.cat([history.view(b * k, step)[source_rows].view(b, K, step), new_token[..., None]], dim=2)
+        scores, last = new_scores, new_token.view(-1, 1)
+
+        best_live = new_scores[:, 0].tolist()  # (b,) -inf where a sentence has no live beam
+        done = [r for r, s in enumerate(alive) if final_step[r] or not _can_improve(finished[s], best_live[r], limits[s], config)]
+        if done:
+            keep = [r for r in range(b) if r not in set(done)]
+            if not keep:
+                break
+            groups = torch.tensor(keep, device=device)
+            alive = [alive[r] for r in keep]
+            scores, history, last = scores[groups], history[groups], last.view(b, K)[groups].view(-1, 1)
+            source_rows = source_rows.view(b, K)[groups].view(-1)
+            memory, src_mask = memory[groups], src_mask[groups]
+            state.reorder(groups, kinds=("cross",))
+        # The cross-attention caches hold one row per sentence; the self-attention caches one per beam.
+        state.reorder(source_rows, kinds=("self",))
+    return [hyps[: config.n_best] for hyps in finished]
+
+
+def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: DecodeConfig) -> bool:
+    """Whether a live beam of total log-probability ``live_score`` could still enter a sentence's
+    ``n_best`` finished hypotheses (``hyps``, best first): its score can only fall, and its
+    normaliser is at most ``length_penalty(limit)``."""
+    if live_score == float("-inf") or (config.stop_early and len(hyps) >= config.beam_size):
+        return False
+    if len(hyps) < config.n_best:
+        return True
+    return live_score / length_penalty(limit, config.length_penalty) > hyps[config.n_best - 1].score
+
+
+def search(
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
+    suppress: tuple[int, ...] = (),
+) -> list[list[Hypothesis]]:
+    """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
+    beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output."""
+    if config.beam_size == 1:
+        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress)
+        return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]
+    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, suppress=suppress)

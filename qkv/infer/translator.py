@@ -1,0 +1,216 @@
+"""Translating text with a trained model: tokenize, batch by length, search, detokenize, restore order."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.io import checkpoint
+from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, search
+from qkv.data.tokenizer import TextTokenizer
+from qkv.infer.workers import DecodingWorkers
+
+
+@dataclass
+class Translation:
+    text: str
+    tokens: list[int]
+    score: float
+
+
+def collate_sources(src_ids: list[list[int]], *, pad_id: int, eos_id: int) -> torch.Tensor:
+    """(B, S) source batch: each sentence + EOS, right-padded, as in training."""
+    S = max(len(s) for s in src_ids) + 1
+    src = torch.full((len(src_ids), S), pad_id, dtype=torch.long)
+    for b, ids in enumerate(src_ids):
+        src[b, : len(ids) + 1] = torch.tensor([*ids, eos_id], dtype=torch.long)
+    return src
+
+
+def length_batches(lengths: list[int], *, max_tokens: int, max_sentences: int) -> list[list[int]]:
+    """Indices grouped by similar length, so a batch pads little; at most max_tokens padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, batch, width = [], [], 0
+    for i in order:
+        new_width = max(width, lengths[i] + 1)
+        if batch and (new_width * (len(batch) + 1) > max_tokens or len(batch) >= max_sentences):
+            batches.append(batch)
+            batch, new_width = [], lengths[i] + 1
+        batch.append(i)
+        width = new_width
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def suppressed_tokens(tokenizer: TextTokenizer) -> tuple[int, ...]:
+    """Tokens a search must never output: a decoder that starts from the pad token (Marian's, whose
+    OPUS-MT configs forbid generating it through ``bad_words_ids``) never produces pad."""
+    return (tokenizer.pad_id,) if tokenizer.bos_id == tokenizer.pad_id else ()
+
+
+def sentence_seed(seed: int, src_ids: list[int]) -> int:
+    """A sampling seed for one sentence from the user's seed and the sentence itself: the same sentence
+    gets the same sample under a seed wherever it stands in the input and however it is batched."""
+    digest = hashlib.blake2b(f"{seed}:{','.join(map(str, src_ids))}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class Translator:
+    """A model, its tokenizer and a search configuration, ready to translate raw sentences.
+
+    Sentences are searched in batches of similar length, each at most ``max_tokens`` padded source
+    tokens and ``max_sentences`` sentences, whatever the beam (a batch decodes beam_size rows per
+    sentence, over one copy of its source).
+
+    ``workers`` > 1 (CPU only): batches are searched side by side in that many forked processes of
+    one thread each (``qkv.infer.workers``), which gives the same translations faster when the model is
+    small; the processes start at the first translation and end with ``close()`` (or ``with``).
+
+    Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
+    once where the program starts (the command line and the server do): every decoding step
+    allocates and frees its vocabulary-sized scores, which glibc would otherwise hand back to the
+    kernel and fault in again (1.1x beam 5 on the benchmark's batches, README (c)).
+    """
+
+    def __init__(
+        self,
+        model: SearchModel,
+        tokenizer: TextTokenizer,
+        config: DecodeConfig | None = None,
+        *,
+        max_tokens: int = 2048,
+        max_sentences: int = 128,
+        workers: int = 1,
+    ) -> None:
+        if workers < 1:
+            raise QkvError(f"workers must be >= 1, got {workers}")
+        if workers > 1 and model.device.type != "cpu":
+            raise QkvError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = config or DecodeConfig()
+        self.max_tokens = max_tokens
+        self.max_sentences = max_sentences
+        self.workers = workers
+        self._pool: DecodingWorkers | None = None
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the decoding workers (if any were started); a later translation starts them again."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, config: DecodeConfig | None = None, *, device: str | torch.device = "cpu", **kwargs
+    ) -> Translator:
+        loaded = checkpoint.load(path, device=device)
+        return cls(loaded.model, loaded.tokenizer, config, **kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of ``text``, cut to what the model's positions allow (with a warning).
+
+        Longer inputs (say a 100,000-character line) are truncated, not rejected, so that a file
+        still gives one output line per input line; the warning names how many tokens were kept.
+        """
+        ids = self.tokenizer.encode(text)
+        limit = self.model.config.max_len - 1  # room for the EOS that collate_sources appends
+        if len(ids) > limit:
+            warnings.warn(
+                f"an input of {len(ids)} subword tokens ({len(text)} characters) was truncated to the "
+                f"model's limit of {limit} tokens; its translation covers only the beginning",
+                stacklevel=2,
+            )
+        return ids[:limit]
+
+    def translate_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Search for each source; empty sources give one empty hypothesis. Keeps the input order."""
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+        todo = [i for i, ids in enumerate(src_ids) if ids]
+        batches = length_batches([len(src_ids[i]) for i in todo], max_tokens=self.max_tokens, max_sentences=self.max_sentences)
+        batches = [[todo[j] for j in batch] for batch in batches]
+        if self.workers > 1 and len(batches) > 1:
+            if self._pool is None:
+                self._pool = DecodingWorkers(self._search_batch, self.workers)
+            # The costliest batches first, so that no worker is left with a long one at the end.
+            batches.sort(key=lambda batch: -len(batch) * max(len(src_ids[i]) for i in batch))
+            found = self._pool.map([src_ids[i] for i in batch] for batch in batches)
+        else:
+            found = (self._search_batch([src_ids[i] for i in batch]) for batch in batches)
+        for batch, hyps in zip(batches, found):
+            for i, h in zip(batch, hyps):
+                results[i] = h
+        return results
+
+    def _search_batch(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Search one batch of (non-empty) sources: the n best hypotheses of each."""
+        tok = self.tokenizer
+        src = collate_sources(src_ids, pad_id=tok.pad_id, eos_id=tok.eos_id)
+        src = src.to(self.model.device)  # the model's device (a GPU while training, or with --device)
+        seeds = [sentence_seed(self.config.seed, ids) for ids in src_ids] if self.config.sampling else None
+        return search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds,
+                      suppress=suppressed_tokens(tok))
+
+    def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
+        hyps = self.translate_ids([self.encode(t) for t in texts])
+        return [[Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+
+    def translate(self, texts: list[str]) -> list[str]:
+        """One translation per input sentence, in order; an empty (or blank) input gives ''."""
+        return [nbest[0].text for nbest in self.translate_nbest(texts)]
+
+
+def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1) -> None:
+    """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
+
+    Interactive input is answered line by line; files and pipes are translated 256 lines at a time.
+    With ``n_best`` > 1 each line holds the N best, tab-separated with their scores.
+    """
+    chunk = 1 if getattr(source, "isatty", lambda: False)() else 256
+    buffer: list[str] = []
+    for line in input_lines(source, name):
+        buffer.append(line)
+        if len(buffer) >= chunk:
+            _write_translations(translator, buffer, sink, n_best)
+            buffer = []
+    if buffer:
+        _write_translations(translator, buffer, sink, n_best)
+
+
+def input_lines(source, name: str) -> Iterator[str]:
+    """Lines of ``source`` without their ending. Only "\n" ends a line (a stray "\r" or U+2028 inside
+    a line must not make two), so line N in is line N out; invalid UTF-8 is an error naming the line."""
+    for number, raw in enumerate(source, 1):
+        if isinstance(raw, str):  # a text stream (tests pass a StringIO)
+            line = raw
+        else:
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise QkvError(f"{name} line {number} is not valid UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")  # a byte order mark
+        yield line.removesuffix("\n").removesuffix("\r")
+
+
+def _write_translations(translator: Translator, lines: list[str], sink, n_best: int) -> None:
+    for nbest in translator.translate_nbest(lines):
+        texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
+        if n_best == 1:
+            sink.write(texts[0] + "\n")
+        else:
+            sink.write("\t".join(f"{text}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
+    sink.flush()

@@ -1,0 +1,1 @@
+"""Looking inside: attention step by step, pictures, beam traces, alignments, self-checks, the demo."""

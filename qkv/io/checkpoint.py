@@ -1,0 +1,586 @@
+"""Checkpoints: self-contained directories that load without unpickling anything.
+
+A checkpoint directory holds
+    model.safetensors    the weights (tied tensors stored once)
+    config.json          format version, the model config and the training/data configs
+    tokenizer.model      the tokenizer, so the directory alone translates: a SentencePiece model, or for
+                         an imported Marian model a JSON document holding its two (qkv.data.tokenizer)
+and, for checkpoints a run can resume from,
+    trainer.safetensors  optimizer moments and the torch RNG states (CPU and CUDA)
+    trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
+and last
+    manifest.json        every other file's size and SHA-256
+
+Loading verifies before it parses: the manifest must exist and name only the files above, each a
+regular file (no symlinks, devices or paths outside the directory) of the recorded size and checksum;
+only then are config.json, the weights and the tokenizer read, and the weights' shapes are checked
+against the config before any model memory is allocated.
+
+Writing goes to ``NAME.tmp/`` (each file and the directory fsynced), then ``NAME`` is moved aside to
+``NAME.old/``, ``NAME.tmp/`` renamed into place and the parent fsynced, and only then is
+``NAME.old/`` deleted. A crash between the two renames leaves ``NAME.old/``, which ``resolve`` loads
+(with a warning) and the next save deletes once the new copy is in place. A lock on the parent
+directory keeps two processes from writing into the same ``NAME.tmp/``.
+
+Only what qkv can prove it wrote is ever deleted: ``NAME.tmp/`` and ``NAME.old/`` hold a marker file,
+``.qkv-save``, from the moment qkv makes them, and a sibling without it (a user's ``mv ckpt ckpt.old``)
+is never deleted, replaced or loaded in place of ``NAME``. A checkpoint itself is replaced only when
+it holds nothing but checkpoint files.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import stat
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file, save_model
+
+from qkv.errors import QkvError
+from qkv.model.config import ModelConfig
+from qkv.model.transformer import Transformer
+from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+
+FORMAT_VERSION = 1
+WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
+TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
+MANIFEST = "manifest.json"
+MARKER = ".qkv-save"  # inside NAME.tmp/ and NAME.old/ while qkv writes or replaces NAME: proof they are qkv's
+REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
+FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, MANIFEST))  # all a checkpoint may hold
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_LAYERS = 1000  # a config asking for more is refused before even a shape-only model is built
+LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
+
+
+class CheckpointError(QkvError):
+    """A checkpoint is missing, incomplete, corrupted or from an unknown format."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    model: Transformer
+    tokenizer: Tokenizer | MarianTokenizer
+    config: dict[str, Any]  # the whole config.json
+
+
+def resolve(path: str | Path) -> Path:
+    """The checkpoint directory for ``path``: the directory itself, or a run's ``final``/``best``/``last``.
+
+    When ``path`` is missing because a save was interrupted between its two renames, the whole
+    previous copy that qkv moved aside (``NAME.old/`` with qkv's marker) is returned, with a warning.
+    A ``NAME.old/`` without the marker is someone's backup and is never taken for ``NAME``.
+    """
+    path = Path(path)
+    previous = _old(path)
+    if not path.exists() and _moved_aside(previous):
+        warnings.warn(f"{path} is missing: using {previous}, the copy an interrupted save left", CheckpointWarning, stacklevel=2)
+        return previous
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if (path / CONFIG).exists() or (path / WEIGHTS).exists() or (path / MANIFEST).exists():
+        return path
+    for name in ("final", "best", "last"):
+        if (path / name / CONFIG).exists() or _moved_aside(_old(path / name)):
+            return resolve(path / name)
+    raise CheckpointError(f"{path} is not a checkpoint directory (no {CONFIG} or {WEIGHTS} in it)")
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was found in an unusual state that qkv could still use (an interrupted save)."""
+
+
+def is_save_residue(path: Path) -> bool:
+    """True for a ``NAME.tmp/`` or ``NAME.old/`` that qkv made: checkpoint files and qkv's marker
+    (or nothing at all: a save killed between making the directory and marking it)."""
+    if not is_checkpoint_dir(path):
+        return False
+    return (path / MARKER).is_file() or not any(path.iterdir())
+
+
+def _moved_aside(old: Path) -> bool:
+    """True when ``old`` is a whole checkpoint that qkv moved aside during a save."""
+    return is_save_residue(old) and (old / MARKER).is_file() and (old / CONFIG).is_file()
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(path.name + ".old")
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def step_number(path: Path) -> int | None:
+    """N for a ``step-N`` directory name, else None."""
+    match = re.fullmatch(r"step-(\d+)", path.name)
+    return int(match.group(1)) if match else None
+
+
+def step_dirs(run_dir: Path) -> list[Path]:
+    """A run's ``step-N`` checkpoints, oldest first, ordered by N (not as text: step-1000000 > step-999999)."""
+    dirs = [d for d in run_dir.glob("step-*") if step_number(d) is not None and d.is_dir()]
+    return sorted(dirs, key=step_number)
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """True for a real directory that holds nothing but checkpoint files (or nothing): what qkv may
+    replace or delete. A user's directory with any other file in it is never one."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    return all(p.name in FILES | {MARKER} and p.is_file() and not p.is_symlink() for p in path.iterdir())
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
+        for f in sorted(directory.iterdir())
+        if f.name not in (MANIFEST, MARKER)
+    }
+    _write_json(directory / MANIFEST, {"format": FORMAT_VERSION, "files": files})
+
+
+def _other_checkpoints(directory: Path) -> str:
+    """The run's other checkpoint directories, as a hint after an error about ``directory``."""
+    parent = directory.resolve().parent
+    names = [d.name for d in (parent / n for n in ("final", "best", "last")) if (d / CONFIG).exists()]
+    names += [d.name for d in reversed(step_dirs(parent)) if (d / CONFIG).exists()]
+    others = [str(parent / n) for n in names if n != directory.resolve().name]
+    return f"; other checkpoints of this run: {', '.join(others)}" if others else ""
+
+
+def _regular_file(path: Path, hint: str) -> os.stat_result:
+    """lstat ``path`` and refuse anything but a regular file (a symlink, a FIFO, /dev/zero ...)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: not a complete checkpoint{hint}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{path} is not a regular file (a symlink or special file): refused{hint}")
+    return info
+
+
+def _manifest(directory: Path, hint: str = "") -> dict[str, dict[str, Any]]:
+    """The validated ``files`` table of ``directory/manifest.json``; ``hint`` ends its error messages."""
+    path = directory / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise CheckpointError(
+            f"{directory} has no {MANIFEST}, so its files cannot be verified: refused "
+            f"(qkv writes one into every checkpoint; a directory without it is incomplete or not from qkv){hint}"
+        )
+    if _regular_file(path, hint).st_size > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a qkv manifest{hint}")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+        files = manifest["files"]
+        valid = manifest["format"] == FORMAT_VERSION and isinstance(files, dict) and all(
+            isinstance(e, dict) and type(e.get("bytes")) is int and e["bytes"] >= 0
+            and isinstance(e.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
+            for e in files.values()
+        )
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise CheckpointError(f"{path} is not a valid manifest; the checkpoint is corrupted{hint}")
+    unknown = sorted(name for name in files if name not in FILES - {MANIFEST})
+    if unknown:  # names are never used as paths unless they are one of ours: no "../x", no "/dev/zero"
+        raise CheckpointError(f"{path} lists files a checkpoint does not hold ({', '.join(map(repr, unknown[:3]))}): refused{hint}")
+    missing = [name for name in REQUIRED if name not in files]
+    if missing:
+        raise CheckpointError(f"{path} does not list {', '.join(missing)}: not a complete checkpoint{hint}")
+    return files
+
+
+def verify(directory: str | Path) -> None:
+    """Check every file against ``manifest.json``; raise CheckpointError naming the first that differs.
+
+    A directory without a valid manifest is refused, as is one whose manifest names anything but
+    checkpoint files, leaves out a checkpoint file the directory holds, or whose files are symlinks or
+    special files.
+    """
+    directory = Path(directory)
+    hint = _other_checkpoints(directory)
+    files = _manifest(directory, hint)
+    unlisted = sorted(name for name in FILES - {MANIFEST} - set(files) if os.path.lexists(directory / name))
+    if unlisted:  # it could not be verified, and a later step (--resume) would read it
+        raise CheckpointError(f"{directory / unlisted[0]} is not in the checkpoint's manifest, so it cannot be verified: refused{hint}")
+    for name, entry in files.items():
+        file = directory / name
+        size = _regular_file(file, hint).st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted{hint}")
+        with open(file, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as handle:
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != entry["sha256"]:
+            raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{hint}")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _locked(parent: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``parent`` (the directory itself: no lock file is left behind)."""
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as error:
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() > deadline:
+                    raise CheckpointError(
+                        f"another process has been writing a checkpoint into {parent} for {LOCK_TIMEOUT:.0f}s; "
+                        "two runs must not share a directory"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_ours(path: Path) -> None:
+    """Delete the ``NAME.tmp/`` or ``NAME.old/`` directory ``path`` only if qkv made it (``is_save_residue``);
+    anything else there is the user's, and the save stops before touching it."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if not is_save_residue(path):
+        raise CheckpointError(
+            f"{path} is in the way and qkv did not write it (no {MARKER} marker in it): move it and try again"
+        )
+    shutil.rmtree(path)
+
+
+def _mark(directory: Path) -> None:
+    """Put qkv's marker into ``directory`` (durably) before it is renamed to ``NAME.tmp``/``NAME.old``."""
+    (directory / MARKER).write_text("written by qkv while saving a checkpoint; safe to delete with this directory\n")
+    _fsync(directory / MARKER)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Replace ``final`` by the fully written ``tmp`` directory, so that a crash at any point leaves a
+    whole checkpoint under ``final`` or ``final.old``. Call it holding ``_locked(final.parent)``."""
+    _write_manifest(tmp)
+    for file in tmp.iterdir():
+        _fsync(file)
+    _fsync(tmp)  # the directory entries themselves
+    old = _old(final)
+    if final.exists() or final.is_symlink():
+        if not is_checkpoint_dir(final):
+            raise CheckpointError(f"refusing to replace {final}: it is not a qkv checkpoint")
+        _remove_ours(old)  # a stale copy of ours (final is whole); a user's backup stops the save here
+        _mark(final)  # so that the copy moved aside is provably qkv's
+        os.replace(final, old)
+    # else, if old is ours, an earlier crash came between the renames: old is the only whole copy.
+    # It stays until the new one is in place (deleted below, after the parent is fsynced).
+    os.replace(tmp, final)
+    _fsync(final.parent)  # make the renames durable before the old copy goes
+    (final / MARKER).unlink()  # it came with tmp; final is a plain checkpoint again
+    if _moved_aside(old):
+        shutil.rmtree(old)  # never a user's NAME.old: that one has no marker
+
+
+def save(
+    directory: str | Path,
+    model: Transformer,
+    tokenizer: Tokenizer | MarianTokenizer,
+    *,
+    configs: dict[str, Any] | None = None,
+    trainer: dict[str, Any] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    trainer_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a checkpoint directory. ``configs`` (e.g. train/data configs as dicts) go into config.json.
+
+    With ``trainer`` (a JSON-able dict) and ``optimizer``, also the state needed to resume, including
+    every random generator's state; ``trainer_tensors``, more tensors of the training state (the
+    weights' EMA), which ``load_trainer`` returns as "tensors". ``state_dict`` saves other weights than the model's (averaging);
+    it must hold every weight of the model (a tied weight under one of its names).
+    An existing ``directory`` is replaced only if it is a qkv checkpoint; if writing fails (a full
+    disk), ``NAME.tmp/`` is removed and the previous checkpoint is untouched.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    if (directory.exists() or directory.is_symlink()) and not is_checkpoint_dir(directory):
+        raise CheckpointError(f"refusing to write a checkpoint over {directory}: it exists and is not a qkv checkpoint")
+    with _locked(directory.parent):
+        tmp = _tmp(directory)
+        _remove_ours(tmp)  # left by a crash: no other process is writing it (we hold the lock)
+        tmp.mkdir()
+        try:
+            _mark(tmp)
+            _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors)
+            _publish(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return directory
+
+
+def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors) -> None:
+    if state_dict is None:
+        save_model(model, str(tmp / WEIGHTS))
+    else:
+        other = Transformer(model.config)
+        load_weights(other, state_dict, str(tmp / WEIGHTS))
+        save_model(other, str(tmp / WEIGHTS))
+    _write_json(tmp / CONFIG, {"format": FORMAT_VERSION, "model": model.config.to_dict(), **(configs or {})})
+    tokenizer.save(tmp / TOKENIZER)
+    if trainer is not None:
+        tensors = {"rng.torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()  # of the current device, also with one process
+        if optimizer is not None:
+            opt = optimizer.state_dict()
+            for index, state in opt["state"].items():
+                for name, value in state.items():
+                    tensors[f"optimizer.{index}.{name}"] = torch.as_tensor(value).contiguous().cpu()
+            trainer = {**trainer, "optimizer_param_groups": opt["param_groups"]}
+        for name, value in (trainer_tensors or {}).items():
+            tensors[f"state.{name}"] = value.contiguous().cpu()
+        np_state = np.random.get_state()
+        rng = {
+            "python": _to_json(random.getstate()),
+            "numpy": [np_state[0], np_state[1].tolist(), *map(_scalar, np_state[2:])],
+        }
+        save_file(tensors, str(tmp / TRAINER_TENSORS))
+        _write_json(tmp / TRAINER_JSON, {**trainer, "rng": rng})
+
+
+def load_weights(model: Transformer, weights: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``weights`` into ``model`` strictly, except that a tied weight may appear under one name only."""
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as error:  # a shape mismatch
+        raise CheckpointError(f"{where} does not match the model: {str(error).splitlines()[-1].strip()}") from None
+    storage = {name: t.data_ptr() for name, t in model.state_dict().items()}
+    present = {storage[name] for name in weights if name in storage}
+    missing = [name for name in missing if storage[name] not in present]  # tied to a loaded weight: fine
+    if missing or unexpected:
+        raise CheckpointError(f"{where} does not match the model: missing {_some(missing)}; unexpected {_some(unexpected)}")
+
+
+def _some(names: list[str], k: int = 3) -> str:
+    """At most k names, and how many more: an error message stays one readable line."""
+    if not names:
+        return "none"
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
+
+
+def _to_json(value: Any) -> Any:
+    return [_to_json(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _scalar(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def _to_tuple(value: Any) -> Any:
+    return tuple(_to_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def decode_defaults(config: dict[str, Any]) -> dict[str, float]:
+    """The decoding settings a checkpoint's config.json recommends (``"decode"``: the length penalty
+    ``qkv train`` chose on validation), checked as a ``DecodeConfig`` would check them; {} when none."""
+    decode = config.get("decode") or {}
+    if not isinstance(decode, dict) or set(decode) - {"length_penalty"}:
+        raise CheckpointError(f"config.json's \"decode\" must be an object holding only length_penalty, got {decode!r}")
+    alpha = decode.get("length_penalty")
+    if alpha is None:
+        return {}
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 10:
+        raise CheckpointError(f"config.json's decode length_penalty must be a number in [0, 10], got {alpha!r}")
+    return {"length_penalty": float(alpha)}
+
+
+def read_config(directory: str | Path, *, verified: bool = False) -> dict[str, Any]:
+    """config.json of a checkpoint, after verifying the directory (``verified=True``: already done)."""
+    directory = resolve(directory)
+    if not verified:
+        verify(directory)
+    path = directory / CONFIG
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error}); the checkpoint is corrupted") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object; the checkpoint is corrupted")
+    version = config.get("format")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format {version!r}; this qkv reads format {FORMAT_VERSION}"
+            + (" (written by a newer qkv: upgrade qkv)" if isinstance(version, int) and version > FORMAT_VERSION else "")
+        )
+    if not isinstance(config.get("model"), dict):
+        raise CheckpointError(f"{path} has no \"model\" section: the checkpoint is incomplete")
+    return config
+
+
+def _model_config(config: dict[str, Any], path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(config["model"])
+    except (ValueError, TypeError) as error:
+        raise CheckpointError(f"{path}: invalid model config ({error})") from None
+
+
+def check_size(model_config: ModelConfig, weights: Path, *, what: str = "its config") -> None:
+    """Refuse a config that asks for more than ``MAX_LAYERS`` layers, or for much more memory than the
+    weight file ``weights`` holds, before anything is allocated. ``what`` names the config in the message."""
+    _check_memory(_meta_model(model_config, weights, what), weights, what)
+
+
+def _meta_model(model_config: ModelConfig, weights: Path, what: str) -> Transformer:
+    """The model of ``model_config`` on the meta device (shapes without memory), once its number of
+    layers is known to be sane."""
+    if model_config.n_encoder_layers + model_config.n_decoder_layers > MAX_LAYERS:
+        raise CheckpointError(f"{weights}: {what} asks for more than {MAX_LAYERS} layers: refused")
+    with torch.device("meta"):
+        return Transformer(model_config)
+
+
+def _check_memory(meta: Transformer, weights: Path, what: str) -> None:
+    """Everything the model will allocate, the positional table (not stored) included, against the
+    file: a config may not ask for much more memory than the weights it comes with."""
+    needed = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
+    size = weights.stat().st_size
+    if needed > 2 * size + (64 << 20):
+        raise CheckpointError(
+            f"{weights}: {what} asks for {needed / 2**20:,.0f} MiB of weights and tables, the file holds "
+            f"{size / 2**20:,.1f} MiB: refused before allocating"
+        )
+
+
+def _check_shapes(model_config: ModelConfig, weights: Path) -> None:
+    """Compare the config's parameter shapes with the weight file's header before allocating anything,
+    so that a config asking for a huge model cannot allocate more than the file holds."""
+    meta = _meta_model(model_config, weights, "its config")
+    expected = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            stored = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
+    wrong = [name for name, shape in stored.items() if expected.get(name) != shape]
+    if wrong:
+        name = wrong[0]
+        raise CheckpointError(
+            f"{weights} does not match its config: {name} is {list(stored[name])}, the config makes it "
+            f"{list(expected[name]) if name in expected else 'absent'}"
+        )
+    aliases: dict[int, list[str]] = {}  # a tied weight is stored under one of its names
+    for name, parameter in meta.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(parameter), []).append(name)
+    missing = [names[0] for names in aliases.values() if not any(n in stored for n in names)]
+    if missing:
+        raise CheckpointError(f"{weights} lacks {len(missing)} weights its config needs ({_some(missing)})")
+    _check_memory(meta, weights, "its config")
+
+
+def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:
+    """Rebuild the model and tokenizer from a checkpoint directory alone (no pickle anywhere).
+
+    Every file is verified against the manifest first; parsing comes after.
+    """
+    directory = resolve(directory)
+    verify(directory)
+    config = read_config(directory, verified=True)
+    model_config = _model_config(config, directory / CONFIG)
+    weights = directory / WEIGHTS
+    _check_shapes(model_config, weights)
+    model = Transformer(model_config)
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
+    load_weights(model, tensors, str(weights))
+    tokenizer = load_tokenizer(directory / TOKENIZER)
+    return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
+
+
+def load_trainer(directory: str | Path, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
+    """Restore the optimizer and every RNG from a checkpoint; return trainer.json (step, epoch, ...),
+    with the checkpoint's ``trainer_tensors`` under "tensors"."""
+    directory = resolve(directory)
+    verify(directory)
+    json_path, tensor_path = directory / TRAINER_JSON, directory / TRAINER_TENSORS
+    if not json_path.exists() or not tensor_path.exists():
+        raise CheckpointError(f"{directory} has no training state ({TRAINER_JSON}); it cannot be resumed")
+    trainer = json.loads(json_path.read_text(encoding="utf-8"))
+    tensors = load_file(str(tensor_path))
+    if optimizer is not None:
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                state.setdefault(int(index), {})[name] = value
+        optimizer.load_state_dict({"state": state, "param_groups": trainer["optimizer_param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    random.setstate(_to_tuple(trainer["rng"]["python"]))
+    kind, keys, *rest = trainer["rng"]["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
+    trainer["tensors"] = {key.removeprefix("state."): value for key, value in tensors.items() if key.startswith("state.")}
+    return trainer
+
+
+def average(directories: list[Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the weights of several checkpoints of one model (averaging).
+
+    Every checkpoint is verified, and all must have the same model config, weight names and shapes.
+    """
+    if not directories:
+        raise CheckpointError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    first_dir, first_model = resolve(directories[0]), None
+    for directory in directories:
+        directory = resolve(directory)
+        config = read_config(directory)  # verifies every file first
+        first_model = first_model or config["model"]
+        if config["model"] != first_model:
+            raise CheckpointError(f"{directory} has another model config than {first_dir}: checkpoints of different models cannot be averaged")
+        _check_shapes(_model_config(config, directory / CONFIG), directory / WEIGHTS)
+        tensors = load_file(str(directory / WEIGHTS))
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{directory / WEIGHTS} holds other weights than {first_dir / WEIGHTS}: they cannot be averaged")
+        for name, value in tensors.items():
+            total[name] = total[name] + value.double() if name in total else value.double()
+    return {name: (value / len(directories)).float() for name, value in total.items()}

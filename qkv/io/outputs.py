@@ -1,0 +1,200 @@
+"""Writing a user's output files without ever destroying one they did not ask to replace.
+
+Every command that writes a file the user names (``translate -o``, ``evaluate --save``, ``score -o``,
+``align -o``, ``attend``'s pictures and ``--json``, traces) goes through ``output_file``: an existing
+file is refused unless the user passed ``--force``; a file that is also an input, or lies inside a
+checkpoint or run the command reads, is always refused (``check_output``); and the new content goes
+to an unnamed temporary file in the same directory (Linux's ``O_TMPFILE``; elsewhere a hidden
+``.NAME.*.tmp``) that is given the target's name only once it is complete. So a crash, a kill or a
+full disk leaves the previous file as it was and no temporary file behind, and a symlink at the
+target is replaced, never followed. Commands that write a checkpoint directory (``average``,
+``import``) check it with ``check_checkpoint_out``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from qkv.errors import QkvError
+
+Source = str | Path | None
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000  # Linux's linkat(2) constants
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    """True when ``path`` is ``directory`` or lies inside it (symlinks resolved)."""
+    path, directory = path.resolve(), directory.resolve()
+    return path == directory or directory in path.parents
+
+
+def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
+    """What a command that reads ``checkpoints`` must not write into: each resolved checkpoint
+    directory and, where a run directory was given, every entry qkv wrote there (log, tokenizer,
+    checkpoints, ...). A checkpoint that does not resolve is left to the loading that follows."""
+    from qkv.io import checkpoint
+    from qkv.io import runs
+
+    protected: list[Path] = []
+    for given in checkpoints:
+        if given is None:
+            continue
+        try:
+            resolved = checkpoint.resolve(given)
+        except checkpoint.CheckpointError:
+            continue
+        protected.append(resolved)
+        given = Path(given)
+        if given.is_dir() and given.resolve() != resolved.resolve():  # a run directory
+            protected += [e for e in given.iterdir() if e.name in runs.QKV_FILES or runs.CHECKPOINT_DIR.fullmatch(e.name)]
+    return protected
+
+
+def check_output(
+    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = ()
+) -> Path:
+    """Refuse to write ``path`` when it is one of ``inputs`` (files), lies inside one of ``reads``
+    (``read_dirs``: the checkpoints and runs the command reads), or exists and ``force`` is False."""
+    path = Path(path)
+    for source in inputs:
+        if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise QkvError(f"{path} is also the input: write the output to another file")
+    for directory in reads:
+        if _inside(path, directory):
+            raise QkvError(f"{path} is inside {directory}, which this command reads: write the output elsewhere")
+    if path.is_dir():
+        raise QkvError(f"{path} is a directory; give a file name")
+    if path.exists() and not force:
+        raise QkvError(f"{path} exists; pass --force to overwrite it")
+    return path
+
+
+@contextmanager
+def output_file(
+    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = (), binary: bool = False
+) -> Iterator[IO]:
+    """A file to write into that becomes ``path`` when the block ends without an error (text, or
+    bytes with ``binary``); until then ``path`` is untouched and no other name exists."""
+    path = check_output(path, force=force, inputs=inputs, reads=reads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, named = _open_unnamed(path.parent)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+            if named is None:
+                named = _link(handle.fileno(), path)
+        os.replace(named, path)
+    except BaseException:
+        if named is not None:
+            Path(named).unlink(missing_ok=True)
+        raise
+
+
+def _open_unnamed(directory: Path) -> tuple[int, str | None]:
+    """A new file in ``directory``: unnamed (O_TMPFILE, None) where the system allows, else a hidden
+    temporary name. Either gets the usual mode for a new file (umask applied)."""
+    if hasattr(os, "O_TMPFILE"):
+        try:
+            return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o666), None
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                raise
+    fd, name = tempfile.mkstemp(prefix=".qkv-", suffix=".tmp", dir=directory)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
+    return fd, name
+
+
+def _link(fd: int, path: Path) -> str:
+    """Give the unnamed file ``fd`` a hidden name beside ``path`` (then renamed onto ``path``): the
+    only moment a temporary name exists is between this link and that rename. Where the system lets
+    neither way of linking an unnamed file work, its bytes are copied to a new hidden file."""
+    for _ in range(100):
+        name = str(path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp"))
+        if os.path.lexists(name):
+            continue
+        if _linkat_empty_path(fd, name):
+            return name
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, follow_symlinks=True)
+            return name
+        except FileExistsError:
+            continue
+        except OSError:
+            return _copy_out(fd, path)
+    raise OSError(errno.EEXIST, f"cannot find a free temporary name beside {path}")
+
+
+def _linkat_empty_path(fd: int, name: str) -> bool:
+    """linkat(fd, "", name, AT_EMPTY_PATH): Linux, for a process allowed to (root, say)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(name), _AT_EMPTY_PATH) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _copy_out(fd: int, path: Path) -> str:
+    """The unnamed file's bytes in a new hidden file beside ``path``; its name."""
+    out, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(out, 0o666 & ~_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
+        os.lseek(fd, 0, os.SEEK_SET)
+        while block := os.read(fd, 1 << 20):
+            os.write(out, block)
+        os.fsync(out)
+    except BaseException:
+        os.unlink(name)
+        raise
+    finally:
+        os.close(out)
+    return name
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_apart(out: str | Path, reads: Iterable[Path], *, flag: str = "--out", replaced: bool = True) -> Path:
+    """Refuse an output directory ``out`` that is or lies inside one of ``reads`` (writing there would
+    change what the command reads), or, when the command may replace ``out`` (``replaced``), holds one."""
+    out = Path(out)
+    for directory in reads:
+        if _inside(out, directory) or (replaced and _inside(directory, out)):
+            raise QkvError(f"{flag} {out} overlaps {directory}, which this command reads: write the output elsewhere")
+    return out
+
+
+def check_checkpoint_out(out: str | Path, *, force: bool, reads: Iterable[Path] = ()) -> Path:
+    """Refuse ``out`` for a new checkpoint (before any work) unless it is new, or ``force`` is given and
+    it is a qkv checkpoint: the rule of ``average --out`` and ``import marian --out``. It may not be,
+    hold or lie inside one of ``reads`` (the checkpoints the command reads), even with ``force``."""
+    from qkv.io.checkpoint import is_checkpoint_dir
+
+    out = check_apart(out, reads)
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise QkvError(f"{out} exists; pass --force to replace it (only if it is a qkv checkpoint)")
+        if not is_checkpoint_dir(out):
+            raise QkvError(f"{out} is not a qkv checkpoint (it holds other files): refusing to replace it even with --force")
+    return out
+
+
+def output_or_stdout(
+    path: str | Path | None, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = ()
+):
+    """``output_file(path)`` when the user named a file, else standard output (left open)."""
+    if path is None:
+        return contextlib.nullcontext(sys.stdout)
+    return output_file(path, force=force, inputs=inputs, reads=reads)

@@ -1,0 +1,1 @@
+"""The model layer (bottom): the configuration, attention, the Transformer, its CPU kernels, int8."""

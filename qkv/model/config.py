@@ -1,0 +1,230 @@
+"""Typed, frozen configuration for qkv, with named presets.
+
+Every config is a frozen dataclass validated in ``__post_init__``: first every field against its
+annotation (``check_types``), then the ranges. ``from_dict`` rejects unknown keys with a "did you
+mean" hint, so a typo in a JSON config or a checkpoint fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import numbers
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from qkv.errors import QkvError
+
+Activation = Literal["relu", "gelu", "silu"]
+PositionLayout = Literal["interleaved", "split"]
+
+C = TypeVar("C")
+
+
+class ConfigError(QkvError):
+    """A configuration value or key is invalid; the message says which and why."""
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def config_from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Build ``cls`` from a plain dict, rejecting keys the dataclass does not have."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {cls.__name__} must be a table of keys and values, got {_short(data)}")
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"unknown {cls.__name__} key {key!r}{did_you_mean(key, names)}")
+    return cls(**data)
+
+
+_WRONG = object()  # what _checked returns for a value of the wrong type
+
+
+@functools.cache
+def _annotations(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_types(config: Any, section: str) -> None:
+    """Check every field of the dataclass ``config`` against its annotation, wherever the value came
+    from (flags, a TOML file, a checkpoint's config.json, an imported model), and normalise it in place:
+    an integer for a float field becomes a float, so equal configs are saved alike.
+
+    Annotations understood: int, float (finite), bool, str, Literal[...], ``X | None`` and Any. bool
+    is not an int, and a string is not a number. Raises a one-line ConfigError naming ``section``'s key.
+    """
+    for field in dataclasses.fields(config):
+        kind, value = _annotations(type(config))[field.name], getattr(config, field.name)
+        checked = _checked(kind, value)
+        if checked is _WRONG:
+            raise ConfigError(f"{section} key {field.name} must be {_describe(kind)}, got {_short(value)}")
+        if checked is not value:
+            object.__setattr__(config, field.name, checked)  # the dataclass is frozen
+
+
+def _checked(kind: Any, value: Any) -> Any:
+    """``value`` as a ``kind`` (converted where that loses nothing), or _WRONG."""
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        return value if any(type(value) is type(choice) and value == choice for choice in typing.get_args(kind)) else _WRONG
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None:
+            return None if type(None) in typing.get_args(kind) else _WRONG
+        for arg in typing.get_args(kind):
+            checked = _checked(arg, value)
+            if checked is not _WRONG:
+                return checked
+        return _WRONG
+    if kind is Any:
+        return value
+    if kind is bool:
+        return value if isinstance(value, bool) else _WRONG
+    if kind is str:
+        return value if isinstance(value, str) else _WRONG
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            return _WRONG
+        return value if type(value) is int else int(value)
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return _WRONG
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            return _WRONG
+        if not math.isfinite(number):
+            return _WRONG
+        return value if type(value) is float else number
+    if kind is type(None):
+        return value if value is None else _WRONG
+    raise TypeError(f"check_types has no rule for the annotation {kind!r}")  # a new kind of field: teach it
+
+
+def _describe(kind: Any) -> str:
+    origin = typing.get_origin(kind)
+    if origin is Literal:
+        names = [str(choice) for choice in typing.get_args(kind)]
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(kind)
+        return " or ".join(_describe(arg) for arg in args if arg is not type(None)) + (" or null" if type(None) in args else "")
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}[kind]
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr(value) on one line and at most ``limit`` characters: an error message stays one line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and architectural switches of the Transformer (paper defaults: section 3, table 3).
+
+    Departures from the paper are named flags whose default is the paper's choice:
+    ``norm_first`` (pre-LN; the paper is post-LN), ``activation`` (the paper uses ReLU),
+    ``position_layout`` ("split" puts all sines before all cosines, as Marian does; the paper
+    interleaves them), ``learned_positions`` (a trained table of position vectors, which the paper
+    tried and found "nearly identical" to the sinusoids, table 3 row E), ``output_bias`` (Marian's
+    final-logits bias).
+    """
+
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    d_model: int = 512
+    n_heads: int = 8
+    d_k: int | None = None  # per-head query/key size; None means d_model // n_heads
+    d_v: int | None = None  # per-head value size; None means d_model // n_heads
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Activation = "relu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-5
+    max_len: int = 1024
+    position_layout: PositionLayout = "interleaved"
+    learned_positions: bool = False  # a learned (max_len, D) table instead of the sinusoids
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (section 3.4)
+    share_embeddings: bool = True  # one embedding for source and target (joint vocabulary)
+    tie_output: bool = True  # pre-softmax projection shares the target embedding (section 3.4)
+    output_bias: bool = False
+    pad_id: int = 0  # read from the tokenizer when a model is built for data
+
+    def __post_init__(self) -> None:
+        check_types(self, "model")
+        positive = ["src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_len"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ["n_encoder_layers", "n_decoder_layers"]:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}) "
+                "unless d_k and d_v are both given"
+            )
+        for name in ["d_k", "d_v"]:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        for name in ["dropout", "attention_dropout"]:
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.layer_norm_eps <= 0:
+            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if self.d_model % 2:
+            raise ConfigError(f"d_model must be even for sinusoidal positions, got {self.d_model}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size")
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary")
+
+    @property
+    def head_dim_k(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.n_heads
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.d_v if self.d_v is not None else self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        return config_from_dict(cls, data)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return config_from_dict(ModelConfig, {**self.to_dict(), **changes})
+
+
+# Named architectures. Vocabulary sizes and pad_id come from the tokenizer at build time.
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # Small enough that tests train it in seconds.
+    "tiny": ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0),
+    # The "tiny Transformer" of the Multi30k literature: 4+4 layers, d_model 128.
+    "transformer-tiny": ModelConfig(d_model=128, n_heads=4, d_ff=256, n_encoder_layers=4, n_decoder_layers=4),
+    # The paper's base model (table 3).
+    "base": ModelConfig(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
+    # The paper's big model (table 3).
+    "big": ModelConfig(d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """Return the named architecture, with ``overrides`` applied (for example vocabulary sizes)."""
+    if name not in MODEL_PRESETS:
+        names = sorted(MODEL_PRESETS)
+        raise ConfigError(f"unknown model preset {name!r}{did_you_mean(name, names)}; choose from {', '.join(names)}")
+    return MODEL_PRESETS[name].replace(**overrides)

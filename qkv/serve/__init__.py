@@ -1,0 +1,1 @@
+"""The HTTP server: the app, its request API and the dynamic batcher."""

@@ -1,0 +1,172 @@
+"""The body of ``POST /v1/translate`` and its answer: what each field may hold (the server's limits
+are in the schema, so ``/openapi.json`` documents them), and the decoding settings a request asks for.
+
+Each field is checked alone by pydantic; ``settings_of`` checks them together (sampling options need
+``sampling``, ``n_best`` at most the beam) and names the field to change. Note: no ``from __future__
+import annotations`` here, because FastAPI reads these models' annotations at run time.
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
+
+from qkv.errors import QkvError
+from qkv.serve.batcher import Settings
+
+MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.main.MAX_BEAM (64)
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}  # options that only sampling reads
+
+
+class AttentionOut(BaseModel):
+    source: str
+    translation: str
+    src_tokens: list[str] = Field(description="S source subword pieces, EOS last")
+    tgt_tokens: list[str] = Field(description="T target subword pieces, EOS last")
+    cross: list[list[list[list[float]]]] = Field(
+        description="cross-attention weights (layers, heads, T, S): row t is where target token t looked"
+    )
+
+
+class Candidate(BaseModel):
+    translation: str
+    score: float = Field(
+        description="length-normalised log-probability: log p(output | text) / ((5 + tokens) / 6) ** alpha, "
+        "EOS included, alpha the checkpoint's length penalty, as `qkv translate --n-best` prints it (higher is better)"
+    )
+
+
+class TranslateResponse(BaseModel):
+    translations: list[str] = Field(description="one translation per input text, in order")
+    n_best: list[list[Candidate]] | None = Field(
+        None, description="only when the request has n_best: each text's n best translations with scores, best first"
+    )
+    attention: list[AttentionOut] | None = Field(None, description="only when the request asked for attention")
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+def _whole_number(value: Any) -> Any:
+    # JSON Schema counts 5.0 as an integer, so accept it (pydantic turns it into 5 and rejects 5.5),
+    # but not true or "5", which pydantic's lax mode would take as numbers.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise QkvError("must be a whole number")
+    return value
+
+
+def _whole_number_between(low: int, high: int) -> Any:
+    # The bounds come first so that they appear in the JSON schema as minimum and maximum.
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_whole_number)]
+
+
+def _number_between(low: float, high: float) -> Any:
+    # Strict: true and "0.5" are not numbers; NaN and infinities (which Python's JSON parser reads) neither.
+    return Annotated[float, Strict(), Field(ge=low, le=high, allow_inf_nan=False)]
+
+
+def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size: int) -> type[BaseModel]:
+    """The request body, with this server's limits in its schema (so /openapi.json documents them)."""
+    Text = Annotated[str, Strict(), StringConstraints(max_length=max_chars)]
+    BeamSize = _whole_number_between(1, MAX_BEAM)
+    OutputLength = _whole_number_between(1, max_output)
+    NBest = _whole_number_between(1, MAX_BEAM)
+    Temperature = _number_between(0.01, 100)  # 0.01 is already greedy in practice; far less overflows float32
+    TopK = _whole_number_between(0, vocab_size)
+    TopP = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
+    Seed = _whole_number_between(0, 2**53 - 1)  # the integers JavaScript holds exactly
+
+    class TranslateRequest(BaseModel):
+        model_config = ConfigDict(
+            extra="forbid",  # a misspelt field is an error, not silently ignored
+            json_schema_extra={
+                "examples": [
+                    {"texts": ["A man rides a bike."], "beam_size": 5},
+                    {"texts": ["A man rides a bike."], "beam_size": 5, "n_best": 3},
+                    {"texts": ["A man rides a bike."], "sampling": True, "top_p": 0.9, "seed": 1},
+                ],
+                # What settings_of checks, for readers of the schema (and fuzzers): sampling takes beam
+                # size 1 and at most one of the n best; the sampling options, left at their defaults
+                # otherwise. (That n_best is at most beam_size the schema cannot say.)
+                "if": {"properties": {"sampling": {"const": True}}, "required": ["sampling"]},
+                "then": {"properties": {"beam_size": {"const": 1}, "n_best": {"enum": [1, None]}}},
+                "else": {"properties": {name: {"const": default} for name, default in SAMPLING_DEFAULTS.items()}},
+            },
+        )
+
+        texts: list[Text] = Field(
+            min_length=1, max_length=max_texts,
+            description=f"sentences to translate: 1 to {max_texts}, each at most {max_chars} characters",
+        )
+        beam_size: BeamSize = Field(5, description="beam size (1 = greedy search)")
+        max_length: OutputLength | None = Field(
+            None, description=f"maximum output tokens, at most {max_output} (default: 1.5 x source tokens + 10)"
+        )
+        attention: StrictBool = Field(False, description="also return each translation's cross-attention and tokens")
+        n_best: NBest | None = Field(
+            None, description="also return each text's n best translations (1 to beam_size) with their scores"
+        )
+        sampling: StrictBool = Field(
+            False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"
+        )
+        temperature: Temperature = Field(
+            SAMPLING_DEFAULTS["temperature"],
+            description="with sampling: divide the logits by this (lower: closer to greedy search)",
+        )
+        top_k: TopK = Field(
+            SAMPLING_DEFAULTS["top_k"], description="with sampling: draw only among the k most likely tokens (0: all)"
+        )
+        top_p: TopP = Field(
+            SAMPLING_DEFAULTS["top_p"],
+            description="with sampling: draw only among the most likely tokens that together hold this probability",
+        )
+        seed: Seed = Field(
+            SAMPLING_DEFAULTS["seed"],
+            description="with sampling: the same text and seed give the same sample, however it is batched",
+        )
+
+        @field_validator("texts")
+        @classmethod
+        def _encodable(cls, texts: list[str]) -> list[str]:
+            for i, text in enumerate(texts):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise QkvError(f"texts[{i}] is not valid Unicode (it contains a lone surrogate)") from None
+            return texts
+
+    return TranslateRequest
+
+
+
+
+class InvalidOptions(QkvError):
+    """Options that are each valid but not together; ``field`` is the one to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def settings_of(body: BaseModel) -> Settings:
+    """The decoding settings a valid request asks for, or InvalidOptions. With sampling, beam_size
+    defaults to 1 (sampling draws one translation per text). A sampling option other than its default
+    without sampling is refused: the client expects an effect it would not have."""
+    if body.sampling:
+        if "beam_size" in body.model_fields_set and body.beam_size != 1:
+            raise InvalidOptions("beam_size", "sampling draws one translation per text: beam_size must be 1 (or left out)")
+        options = {name: getattr(body, name) for name in SAMPLING_DEFAULTS}
+    else:
+        for name, default in SAMPLING_DEFAULTS.items():
+            if getattr(body, name) != default:
+                raise InvalidOptions(name, f"{name} applies only to sampling: send it with \"sampling\": true, or leave it out")
+        options = {}
+    beam_size = 1 if body.sampling else body.beam_size
+    if body.n_best is not None and body.n_best > beam_size:
+        if body.sampling:
+            raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be 1: sampling draws one translation per text")
+        raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be at most beam_size ({beam_size})")
+    return Settings(
+        beam_size=beam_size, max_length=body.max_length, sampling=body.sampling, n_best=body.n_best,
+        attention=body.attention, **options,
+    )

@@ -1,0 +1,1 @@
+"""Training: the Trainer, loss, schedule, recipes, validation, the run's log, EMA, signals, torchrun."""

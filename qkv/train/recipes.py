@@ -1,0 +1,275 @@
+"""Training recipes: the data and training configs, the named presets that combine them with a model,
+and the corpora a data config names.
+
+Typed, frozen dataclasses validated in ``__post_init__``; ``build_configs`` applies a user's overrides
+to a preset and rejects unknown keys with a "did you mean".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from qkv.model.config import ConfigError, ModelConfig, did_you_mean, check_types, config_from_dict, model_preset
+from qkv.data.corpus import ParallelCorpus, load_multi30k, read_parallel, read_tsv
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text comes from and how it is tokenized."""
+
+    corpus: Literal["multi30k", "files"] = "multi30k"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    data_dir: str | None = None  # Multi30k directory; None: $QKV_DATA or the download cache
+    train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    vocab_size: int = 8000  # joint source+target subword vocabulary
+    max_len: int = 128  # subword tokens kept per side
+    subword_dropout: float = 0.0  # BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
+    train_limit: int = 0  # use only the first N training pairs (0: all); for quick runs and CI
+    valid_limit: int = 0
+
+    def __post_init__(self) -> None:
+        check_types(self, "data")
+        if self.corpus == "files" and not self.train_src:
+            raise ConfigError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
+        if self.vocab_size < 16:
+            raise ConfigError(f"vocab_size must be >= 16, got {self.vocab_size}")
+        if self.max_len < 1:
+            raise ConfigError(f"max_len must be >= 1, got {self.max_len}")
+        for name in ("train_limit", "valid_limit"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0: all), got {getattr(self, name)}")
+        if not 0 <= self.subword_dropout < 1:
+            raise ConfigError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and the run's schedule of evaluations and checkpoints."""
+
+    max_tokens: int = 4096  # padded tokens per batch, of its longer side (per process, per micro-batch)
+    accumulate: int = 1  # micro-batches summed into each optimizer step, per process
+    bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
+    lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
+    warmup_steps: int = 800
+    decay: Literal["inverse_sqrt", "none"] = "inverse_sqrt"  # after warm-up: "inverse_sqrt" (the paper's 1/sqrt(step)) or "none" (the peak held)
+    cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0
+    beta1: float = 0.9
+    beta2: float = 0.98  # the paper's
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_epochs: int = 1000
+    max_steps: int = 0  # 0: no limit
+    time_budget: float = 0.0  # seconds of training, turned into a step count after measure_steps; 0: no limit
+    measure_steps: int = 0  # with time_budget: updates timed before the budget becomes a step count; 0: eval_every
+    eval_every: int = 500  # steps between validations and checkpoints
+    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
+    patience: int = 0  # stop after this many validations without a better BLEU; 0: never
+    tune_length_penalty: bool = True  # choose final/'s decoding length penalty on the validation set
+    keep_last: int = 5  # step checkpoints kept on disk
+    average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
+    ema: float = 0.0  # decay of an exponential moving average of the weights, a candidate for final/; 0: none
+    seed: int = 1
+    threads: int = 0  # torch intra-op threads; 0: PyTorch's default
+    on_nan: Literal["skip", "stop"] = "skip"
+    # Speed (qkv.speed, README "Benchmarks"); each can be turned off to run the earlier, slower path.
+    fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
+    tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
+    adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
+    fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
+    onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.model.kernels)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.time_budget, str):  # a duration, as --time-budget takes it: "90s", "45m", "1.5h"
+            try:
+                object.__setattr__(self, "time_budget", parse_duration(self.time_budget))
+            except ValueError:
+                raise ConfigError(
+                    f"train key time_budget must be a number of seconds or a duration such as 90s, 45m or 1.5h, got {self.time_budget!r}"
+                ) from None
+        check_types(self, "train")
+        if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
+            raise ConfigError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
+        for name in ("label_smoothing", "beta1", "beta2", "ema"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")
+        for name in ("eps", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("accumulate", "max_epochs", "valid_beam"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.average_last < 1 or self.keep_last < self.average_last:
+            raise ConfigError("need 1 <= average_last <= keep_last")
+        if not 0 <= self.cooldown <= 1:
+            raise ConfigError(f"cooldown must be in [0, 1], got {self.cooldown}")
+        if self.time_budget and self.cooldown == 1:
+            raise ConfigError(
+                "cooldown must be < 1 with a time budget: the updates timed to plan the run come before its length is known"
+            )
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: str  # a name from qkv.model.config.MODEL_PRESETS
+    train: TrainConfig
+    data: DataConfig
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+
+
+# Recipes measured on a 2-core CPU (see the README for what each reached).
+TRAIN_PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        "tiny",
+        TrainConfig(max_tokens=512, lr=3e-3, warmup_steps=20, eval_every=50, max_steps=100, average_last=2, keep_last=2),
+        DataConfig(vocab_size=200, train_limit=500, valid_limit=50),
+    ),
+    # transformer-tiny with pre-LN (stable at a high learning rate, so it learns fast in little time)
+    # and more dropout than the paper (29k sentences are seen ~40 times in an hour).
+    "multi30k": Preset(
+        "transformer-tiny",
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
+        DataConfig(vocab_size=8000),
+        model_overrides=(("norm_first", True), ("dropout", 0.3)),
+    ),
+}
+
+
+def adam_kernel(kind: str) -> dict[str, bool]:
+    """``torch.optim.Adam`` keywords for ``kind``: "fused" (one kernel over all tensors), "foreach"
+    (one op per step of the update over the list of tensors) or "for" (PyTorch's per-tensor loop)."""
+    return {"fused": kind == "fused", "foreach": kind == "foreach"}
+
+
+def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
+    if data.corpus == "multi30k":
+        train = load_multi30k("train", data.src_lang, data.tgt_lang, data.data_dir)
+        valid = load_multi30k("val", data.src_lang, data.tgt_lang, data.data_dir)
+    else:
+        train = read_parallel(data.train_src, data.train_tgt) if data.train_tgt else read_tsv(data.train_src)
+        if data.valid_src:
+            valid = read_parallel(data.valid_src, data.valid_tgt) if data.valid_tgt else read_tsv(data.valid_src)
+        else:  # hold out the last 5% (at most 1000 pairs) of the training data
+            n = max(1, min(1000, len(train) // 20))
+            valid = ParallelCorpus(train.src[-n:], train.tgt[-n:], 0, train.name + " (held out)")
+            train = ParallelCorpus(train.src[:-n], train.tgt[:-n], train.skipped_empty, train.name)
+    if data.train_limit:
+        train = ParallelCorpus(train.src[: data.train_limit], train.tgt[: data.train_limit], train.skipped_empty, train.name)
+    if data.valid_limit:
+        valid = ParallelCorpus(valid.src[: data.valid_limit], valid.tgt[: data.valid_limit], valid.skipped_empty, valid.name)
+    return train, valid
+
+
+def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:
+    """A training preset with overrides applied (unknown keys are rejected with a hint)."""
+    if preset not in TRAIN_PRESETS:
+        raise ConfigError(f"unknown training preset {preset!r}{did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
+    p = TRAIN_PRESETS[preset]
+    return (
+        model_preset(p.model, **{**dict(p.model_overrides), **model}),
+        config_from_dict(TrainConfig, {**p.train.__dict__, **train}),
+        config_from_dict(DataConfig, {**p.data.__dict__, **data}),
+    )
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '45m', '1.5h' or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
+
+
+def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
+    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+CONFIG_FILE_KEYS = ("preset", "model", "train", "data")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A ``qkv train --config`` file: TOML with an optional ``preset = "NAME"`` and ``[model]``,
+    ``[train]``, ``[data]`` tables holding the keys ``--model/--train/--data KEY=VALUE`` take."""
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:
+        raise ConfigError("--config needs Python 3.11 or newer (tomllib)") from None
+    path = Path(path)
+    try:
+        config = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
+    for key, value in config.items():
+        if key not in CONFIG_FILE_KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r}{did_you_mean(key, list(CONFIG_FILE_KEYS))}; a config file holds {', '.join(CONFIG_FILE_KEYS)}")
+        if key == "preset" and not isinstance(value, str) or key != "preset" and not isinstance(value, dict):
+            raise ConfigError(f"{path}: {key!r} must be {'a string' if key == 'preset' else 'a table, [' + key + ']'}")
+    return config
+
+
+FROM_TOKENIZER = ("src_vocab_size", "tgt_vocab_size", "pad_id")  # model keys a run takes from its vocabulary
+
+
+def dump_config(preset: str, model: ModelConfig, train: TrainConfig, data: DataConfig) -> str:
+    """The resolved config as a ``--config`` file (TOML) that gives the same configs back. Keys whose
+    value is None (the default "not set") are written as comments."""
+    sections = [f"preset = {json.dumps(preset)}"]
+    for name, config in (("model", model), ("train", train), ("data", data)):
+        lines = [f"\n[{name}]"]
+        for key, value in dataclasses.asdict(config).items():
+            if name == "model" and key in FROM_TOKENIZER:
+                lines.append(f"# {key}: set from the tokenizer when training starts")
+            else:
+                lines.append(f"# {key} = (not set)" if value is None else f"{key} = {_toml_value(value)}")
+        sections.append("\n".join(lines))
+    return "\n".join(sections) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
+
+
+FINE_TUNING_OVERRIDES = ("dropout", "attention_dropout")  # what --init-from lets --model change
+
+
+def fine_tuning_model(parent: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """The model of a run started from a checkpoint (``--init-from``): the parent's, where only the
+    regularization may change; any other override would not fit the parent's weights."""
+    fixed = sorted(key for key, value in overrides.items() if key not in FINE_TUNING_OVERRIDES and getattr(parent, key, None) != value)
+    if fixed:
+        raise ConfigError(
+            f"--init-from keeps the checkpoint's model: --model {fixed[0]} cannot change "
+            f"(it is {getattr(parent, fixed[0], 'not a model key')!r} there; only {', '.join(FINE_TUNING_OVERRIDES)} may)"
+        )
+    return parent.replace(**overrides)

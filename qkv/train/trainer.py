@@ -1,0 +1,562 @@
+"""Training: label-smoothed loss, Adam with warm-up and inverse-square-root decay (or the peak held),
+validation with real decoding (``qkv.train.validation``), checkpoints that resume exactly, averaging, early
+stopping and a time budget (section 5).
+
+A run directory (``qkv.io.runs``) holds ``log.jsonl`` (one JSON object per event), ``curves.png``,
+``last/`` (the newest checkpoint with everything needed to resume), ``step-NNNNNN/`` (the last few,
+for averaging), ``best/`` (best validation BLEU) and ``final/`` (chosen on validation at the end). A signal stops the
+run at a step boundary and saves ``last/`` (``qkv.train.stopping``).
+
+Under ``torchrun`` the same loop trains with DistributedDataParallel (``qkv.train.distributed``): every rank
+steps on its share of each optimizer step's batches, and rank 0 alone validates and writes the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from qkv.errors import NonFiniteLoss
+from qkv.io import checkpoint
+from qkv.model import cpu
+from qkv.train import distributed
+from qkv.model import kernels
+from qkv.train import validation
+from qkv.model.config import ConfigError, ModelConfig, config_from_dict
+from qkv.data.corpus import EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.model.devices import resolve_device
+from qkv.train.ema import WeightEMA
+from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
+from qkv.train.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
+from qkv.model.transformer import Transformer
+from qkv.train.progress import PlainProgress
+from qkv.train.progress import progress as show_progress
+from qkv.model.dropout import use_fast_dropout
+from qkv.train.recipes import DataConfig, TrainConfig, adam_kernel, load_corpora
+from qkv.io.checkpoint import step_dirs
+from qkv.train.log import RunLog, open_tensorboard, plot_curves
+from qkv.io.runs import clear_run, mark_run
+from qkv.train.stopping import Abandoned, StopRequested, StopSignals
+from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+
+# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
+# and seed, and the last two change the numbers an exact resume repeats (dropout's draws, oneDNN's rounding).
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn")
+# Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
+NOT_BITWISE_ON_RESUME = ("adam",)
+# Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
+# (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).
+INHERITED_CONFIGS = ("marian",)
+
+
+class HeldPeakWarning(UserWarning):
+    """decay=none in a run with no known end: its learning rate never leaves the peak."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    stopped_because: str
+    final: dict[str, Any]  # validation scores of final/
+
+
+def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
+    """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
+    bfloat16 natively, with the fused loss on (a GPU uses autocast instead)."""
+    return train.bf16 and device.type == "cpu" and train.fused_loss and cpu.cpu_has_bf16()
+
+
+class Trainer:
+    """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash.
+
+    In a process group (``qkv.train.distributed.init_from_env`` under torchrun) every rank builds the same
+    Trainer; ``self.model`` is always the plain model (saved without wrapper prefixes), and
+    ``self.train_model`` the DistributedDataParallel wrapper that training steps go through.
+    """
+
+    def __init__(
+        self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *,
+        start_over: bool = False, init_from: checkpoint.Checkpoint | None = None, device: torch.device | None = None,
+        tensorboard: str | Path | None = None,
+    ) -> None:
+        """``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data,
+        the tokenizer, the TensorBoard writer and the model have been made, so that a setting that fails
+        costs the old run nothing; ``self.deleted`` names what went.
+        ``device``: where a single process trains (default: the first GPU if there is one, else the
+        CPU); under torchrun each process takes the device its rank was given. ``tensorboard``: a
+        directory where the log's training and validation numbers also go as TensorBoard scalars."""
+        self.run_dir = Path(run_dir)
+        self.train_cfg, self.data_cfg = train, data
+        self.dist = distributed.current()
+        self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
+        if train.threads:
+            torch.set_num_threads(train.threads)
+        if train.tune_allocator:  # process-wide, from here on (qkv.model.cpu)
+            cpu.tune_allocator()
+        kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.model.kernels)
+        # Everything that can fail on the user's settings comes before --overwrite deletes the old run:
+        # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
+        self.train_data, self.valid_data = load_corpora(data)
+        main = self.dist.is_main
+        tokenizer_path = self.run_dir / checkpoint.TOKENIZER
+        tokenizer, new_tokenizer = None, False
+        if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
+            tokenizer, new_tokenizer = init_from.tokenizer, True
+        elif main and (start_over or not tokenizer_path.exists()):
+            with tempfile.TemporaryDirectory(prefix="qkv-tokenizer-") as aside:
+                texts = self.train_data.src + self.train_data.tgt
+                tokenizer = Tokenizer.train(texts, data.vocab_size, Path(aside) / checkpoint.TOKENIZER, seed=train.seed)
+            new_tokenizer = True
+        elif main:  # a resumed run's
+            tokenizer = load_tokenizer(tokenizer_path)
+        writer = open_tensorboard(tensorboard) if tensorboard and main else None
+        model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
+        self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
+        if main:
+            mark_run(self.run_dir)
+            if new_tokenizer:
+                tokenizer.save(tokenizer_path)
+        self.log = RunLog(self.run_dir / "log.jsonl", enabled=main, writer=writer)
+        distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
+        if tokenizer is None:
+            tokenizer = load_tokenizer(tokenizer_path)
+            model = self._new_model(model_config, tokenizer, train.seed)
+        self.tokenizer, self.model = tokenizer, model
+        self.model_config = model.config
+        self.init_from = None if init_from is None else str(init_from.path)
+        self.inherited = {key: init_from.config[key] for key in INHERITED_CONFIGS if key in init_from.config} if init_from else {}
+        if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
+            checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
+        self.ema = WeightEMA(self.model, train.ema) if train.ema else None  # from the initial weights
+        if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
+            use_fast_dropout(self.model)
+        self.train_model: torch.nn.Module = self.model
+        if self.dist.world_size > 1:
+            # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);
+            # dropout should differ between ranks, so each now draws from a generator of its own.
+            torch.manual_seed(distributed.rank_seed(train.seed, self.dist.rank, 0))
+            device_ids = [self.device] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
+        # bf16: autocast on a GPU; on a CPU with native bfloat16 matmuls, the fused loss's three
+        # products (the output layer, 4x faster there; whole-step autocast is slower on the CPU).
+        self.autocast = train.bf16 and self.device.type == "cuda"
+        self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
+        self.loss_bf16 = cpu_bf16_loss(train, self.device)
+        if train.bf16 and not (self.autocast or self.loss_bf16) and self.dist.is_main:
+            why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
+            warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32", stacklevel=2)
+        if train.decay == "none" and not (train.max_steps or train.time_budget) and self.dist.is_main:
+            warnings.warn("decay=none holds the peak learning rate until the cool-down, which needs the run's end: "
+                          "without --max-steps or --time-budget the rate stays at its peak (give one of them, or "
+                          "--train decay=inverse_sqrt)", HeldPeakWarning, stacklevel=2)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
+            weight_decay=train.weight_decay, **adam_kernel(train.adam)
+        )
+        self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
+        self.train_ids = encode_corpus(tokenizer, self.train_data, max_len)  # with subword_dropout: epoch_ids
+        self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
+        self.valid_ids = encode_corpus(tokenizer, self.valid_data, max_len)
+        self.step, self.epoch, self.position = 0, 0, 0
+        self.elapsed = 0.0  # training seconds before this process (resumed runs)
+        self.best_bleu, self.bad_evals = -1.0, 0
+        self.planned_steps: int | None = None  # the time budget as a step count, once measured
+        self.saved_step: int | None = None  # the step last/ holds, when this process wrote it
+        self.stop = StopSignals()  # handles signals only while run() is inside it
+
+    def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int) -> Transformer:
+        """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device."""
+        config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+        torch.manual_seed(seed)
+        return Transformer(config).to(self.device)
+
+    @classmethod
+    def resume(
+        cls, run_dir: str | Path, *, device: torch.device | None = None, tensorboard: str | Path | None = None, **train_overrides: Any
+    ) -> Trainer:
+        """Continue a run from ``run_dir/last``: weights, optimizer, RNGs and data position.
+
+        Overrides that could not take effect are refused (ConfigError): Adam's betas, eps and weight
+        decay come back with its saved state, max_tokens and seed made the epochs' batches that the
+        saved position counts into, and fast_dropout and onednn would change the numbers an exact
+        resume repeats. A new adam kernel is taken, with a warning: the run is then not bitwise equal
+        to an uninterrupted one. A new time_budget is planned again into a step count.
+        """
+        last = checkpoint.resolve(Path(run_dir) / "last")
+        config = checkpoint.read_config(last)  # verifies last/ first
+        saved = config_from_dict(TrainConfig, config["train"])
+        train = config_from_dict(TrainConfig, {**config["train"], **train_overrides})  # the overrides' types checked
+        fixed = [f"{key} ({getattr(saved, key)} -> {getattr(train, key)})" for key in FIXED_ON_RESUME if getattr(train, key) != getattr(saved, key)]
+        if fixed:
+            raise ConfigError(
+                f"--resume cannot change {', '.join(fixed)}: Adam's saved state, the order of the batches and the numbers "
+                "of an exact resume depend on them; start a new run with --out to train with other values"
+            )
+        changed = [f"{key} {getattr(saved, key)} -> {getattr(train, key)}" for key in NOT_BITWISE_ON_RESUME if getattr(train, key) != getattr(saved, key)]
+        if changed and distributed.current().is_main:
+            warnings.warn(f"--resume with {', '.join(changed)}: the resumed run will not be bitwise equal to an uninterrupted one", stacklevel=2)
+        # The run's tokenizer.model is in no manifest: take the verified copy in last/ instead.
+        tokenizer_path, saved_tokenizer = Path(run_dir) / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
+        if distributed.current().is_main and (not tokenizer_path.is_file() or tokenizer_path.read_bytes() != saved_tokenizer):
+            fd, tmp = tempfile.mkstemp(prefix=f".{tokenizer_path.name}.", suffix=".tmp", dir=tokenizer_path.parent)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(saved_tokenizer)
+                os.replace(tmp, tokenizer_path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
+                      tensorboard=tensorboard)
+        trainer.inherited = {key: config[key] for key in INHERITED_CONFIGS if key in config}
+        loaded = checkpoint.load(last)
+        trainer.model.load_state_dict(loaded.model.state_dict())
+        state = checkpoint.load_trainer(last, trainer.optimizer)
+        for group in trainer.optimizer.param_groups:  # the saved groups name the kernel they ran with
+            group.update(adam_kernel(train.adam))
+        trainer.step, trainer.epoch, trainer.position = state["step"], state["epoch"], state["position"]
+        if trainer.ema is not None:  # the saved average, or (EMA asked for only now) one from the saved weights
+            trainer.ema = WeightEMA(trainer.model, train.ema)
+            if state["tensors"]:
+                trainer.ema.load_state_dict(state["tensors"])
+        trainer.elapsed, trainer.best_bleu, trainer.bad_evals = state["elapsed"], state["best_bleu"], state["bad_evals"]
+        trainer.saved_step = trainer.step
+        if train.time_budget == saved.time_budget:  # a new budget is measured and planned afresh
+            trainer.planned_steps = state.get("planned_steps")
+        ctx = trainer.dist
+        if ctx.world_size > 1:
+            # load_trainer restored rank 0's generators on every rank; give each rank its own back.
+            saved = state.get("rank_rng") or []
+            if len(saved) == ctx.world_size:
+                distributed.set_rng_state(saved[ctx.rank], ctx)
+            else:  # saved by another number of processes (or at Ctrl-C): fresh, distinct draws
+                torch.manual_seed(distributed.rank_seed(train.seed, ctx.rank, trainer.step))
+        return trainer
+
+    def configs(self) -> dict[str, Any]:
+        return {**self.inherited, "train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__}
+
+    def save(self, directory: Path, *, resumable: bool = True, rank_rng: list[dict[str, str]] | None = None) -> None:
+        """Write a checkpoint of ``self.model``; ``rank_rng``: every rank's generators (distributed runs)."""
+        trainer_state = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,  # in the epoch's batches, counted over all ranks
+            "elapsed": self.elapsed,
+            "best_bleu": self.best_bleu,
+            "bad_evals": self.bad_evals,
+            "planned_steps": self.planned_steps,
+        }
+        if rank_rng is not None:
+            trainer_state["rank_rng"] = rank_rng
+        try:
+            checkpoint.save(
+                directory,
+                self.model,
+                self.tokenizer,
+                configs=self.configs(),
+                trainer=trainer_state if resumable else None,
+                optimizer=self.optimizer if resumable else None,
+                trainer_tensors=self.ema.state_dict() if resumable and self.ema is not None else None,
+            )
+        except OSError as error:  # a full disk, most often: the checkpoints already there are whole
+            message = (
+                f"cannot write checkpoint {directory} ({error.strerror or error}); the run's earlier checkpoints "
+                f"are as they were: make room, then continue with qkv train --resume {self.run_dir}"
+            )
+            failure = OSError(message)
+            failure.errno = error.errno
+            raise failure from None
+        if directory.name == "last":
+            self.saved_step = self.step
+
+    def epoch_ids(self, epoch: int) -> EncodedCorpus:
+        """The training pairs as the model sees them in ``epoch``: one segmentation for every epoch,
+        or with ``subword_dropout`` one drawn for this epoch (from the seed and the epoch alone, so a
+        resumed run draws it again)."""
+        dropout = self.data_cfg.subword_dropout
+        if not dropout:
+            return self.train_ids
+        if self._sampled is None or self._sampled[0] != epoch:
+            seed = self.train_cfg.seed * 1_000_003 + epoch
+            self._sampled = (epoch, encode_corpus(self.tokenizer, self.train_data, self.max_len, dropout=dropout, seed=seed))
+        return self._sampled[1]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        ids = self.epoch_ids(epoch)
+        src_len = [len(s) for s in ids.src_ids]
+        tgt_len = [len(t) for t in ids.tgt_ids]
+        return token_batches(src_len, tgt_len, self.train_cfg.max_tokens, seed=self.train_cfg.seed, epoch=epoch)
+
+    def _collate(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        tok, ids = self.tokenizer, self.epoch_ids(self.epoch)
+        tensors = collate(
+            [ids.src_ids[i] for i in indices],
+            [ids.tgt_ids[i] for i in indices],
+            pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
+        )
+        return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]
+
+    def end_step(self) -> int | None:
+        """The step the run ends at: max_steps or the steps planned from the time budget, whichever
+        comes first; None while neither is known."""
+        ends = [n for n in (self.train_cfg.max_steps, self.planned_steps) if n]
+        return min(ends, default=None)
+
+    def progress(self) -> float | None:
+        """Fraction of the run's steps done; None while its end is not known."""
+        end = self.end_step()
+        return None if end is None else self.step / end
+
+    def plan_due(self) -> bool:
+        """Whether the time budget is still to be planned, now (the same answer on every rank)."""
+        cfg = self.train_cfg
+        return bool(cfg.time_budget) and self.planned_steps is None and self.step >= (cfg.measure_steps or cfg.eval_every)
+
+    def plan_budget(self) -> None:
+        """Turn the time budget into a number of steps, once: the pace of the updates so far (by
+        default the first ``eval_every``, with their validation and checkpoints) gives the steps that
+        fit in the budget.
+
+        From then on the learning rate and the stop depend on the step alone, so a budgeted run is
+        reproducible and resumes exactly: with ``planned_steps`` N it trains as ``--max-steps N``
+        does. N is at least large enough that the cool-down starts after the measured updates, which
+        ran at the full schedule, as they would under ``--max-steps N``.
+        """
+        cfg = self.train_cfg
+        seconds_per_step = self.elapsed / self.step
+        planned = max(self.step, int(cfg.time_budget / seconds_per_step))
+        if cfg.cooldown:
+            planned = max(planned, math.ceil((self.step - 1) / (1 - cfg.cooldown)) + 1)
+        self.planned_steps = planned
+        self.log.write(event="budget", step=self.step, planned_steps=planned, seconds_per_step=round(seconds_per_step, 6))
+
+    def train_step(self, batches: list[list[int]]) -> tuple[float, int, bool]:
+        """One optimizer update on this process's micro-batches (lists of example indices).
+
+        Gradients of the summed loss are accumulated over the micro-batches and all-reduced over the
+        ranks, and the sum is divided by the target tokens of the whole step (all micro-batches on
+        all ranks), so N ranks x K micro-batches make the same update as one batch holding them all.
+        Returns (loss per token over the whole step, its target tokens, whether it was applied).
+        """
+        cfg, tok, ctx = self.train_cfg, self.tokenizer, self.dist
+        inputs = [self._collate(indices) for indices in batches]
+        local_tokens = sum(int((tgt_out != tok.pad_id).sum()) for _, _, tgt_out in inputs)
+        n_tokens = int(distributed.all_reduce_sum(torch.tensor([local_tokens]), ctx).item())
+        schedule = inverse_sqrt_lr if cfg.decay == "inverse_sqrt" else constant_lr
+        lr = schedule(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps) * cooldown_factor(self.progress(), cfg.cooldown)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.train_model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total = torch.zeros((), device=self.device)
+        ddp = isinstance(self.train_model, DistributedDataParallel)
+        for i, (src, tgt_in, tgt_out) in enumerate(inputs):
+            # DDP all-reduces gradients inside backward(): only on the last micro-batch; before it they
+            # accumulate locally. (Ranks may hold different numbers of micro-batches at an epoch's end:
+            # each still all-reduces exactly once.)
+            is_last = i == len(inputs) - 1
+            with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext():
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
+                gen, smoothing = self.model.generator, cfg.label_smoothing  # fused: the projection inside the loss, in chunks
+                loss_sum, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id, smoothing=smoothing,
+                                                            bf16=self.loss_bf16) \
+                    if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
+                # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
+                (loss_sum / n_tokens * ctx.world_size).backward()
+            loss_total += loss_sum.detach()
+        # Summed over ranks, a non-finite loss anywhere is non-finite everywhere: all ranks skip together.
+        loss = distributed.all_reduce_sum(loss_total, ctx) / n_tokens
+        if not torch.isfinite(loss):
+            return self._skip_step("loss", loss.item(), n_tokens)
+        # A finite loss can still have an infinite or NaN gradient (an overflow in backward): Adam
+        # would turn the weights and its moments into NaN for good. The norm is needed to clip
+        # anyway; the ranks hold the same all-reduced gradients, and decide together all the same.
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if cfg.clip_norm:
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+        else:  # the same 2-norm, without scaling (torch.nn.utils.get_total_norm is new in PyTorch 2.6)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        if distributed.any_rank([not torch.isfinite(norm).item()], ctx)[0]:
+            self._skip_step("gradient norm", norm.item(), n_tokens)
+            return loss.item(), n_tokens, False
+        self.optimizer.step()
+        if self.ema is not None:
+            self.ema.update(self.step + 1)
+        return loss.item(), n_tokens, True
+
+    def _skip_step(self, what: str, value: float, n_tokens: int) -> tuple[float, int, bool]:
+        """Drop the step's gradients after a non-finite ``what``: skip the update, or stop (on_nan)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        step = self.step + 1
+        if self.train_cfg.on_nan == "stop":
+            raise NonFiniteLoss(f"{what} is {value} at step {step}; last good checkpoint: {self.run_dir / 'last'}")
+        if self.dist.is_main:
+            warnings.warn(f"non-finite {what} at step {step}: the update is skipped (on_nan=skip)", stacklevel=3)
+        return float("nan"), n_tokens, False
+
+    def validate(self) -> dict[str, Any]:
+        """Teacher-forced validation loss, and BLEU/chrF on real (greedy or beam) translations."""
+        return validation.validate(self.model, self.tokenizer, self.valid_ids, self.valid_data.tgt, self.train_cfg)
+
+    def checkpoint_and_validate(self) -> bool:
+        """Validate, save step/last/best checkpoints; return True when early stopping says stop.
+
+        Every rank calls it; rank 0 alone validates and writes, and its decision is every rank's.
+        """
+        rank_rng = distributed.gather_rng_states(self.dist) if self.dist.world_size > 1 else None
+        stop = self.dist.is_main and self.validate_and_save(rank_rng)
+        return distributed.broadcast_flag(stop, self.dist)
+
+    def validate_and_save(self, rank_rng: list[dict[str, str]] | None = None) -> bool:
+        """This process alone: validate, write step-N/, best/ (when better) and last/, drop the step
+        checkpoints past ``keep_last``; True when early stopping says stop. ``rank_rng``: every
+        rank's generators (a distributed run), saved in last/."""
+        try:
+            with self.stop.abandonable():  # a signal abandons validation, so that last/ is saved soon
+                metrics = self.validate()
+        except Abandoned:
+            self.log.write(event="valid_abandoned", step=self.step)
+            return False
+        improved = metrics["bleu"] > self.best_bleu
+        if improved:
+            self.best_bleu, self.bad_evals = metrics["bleu"], 0
+        else:
+            self.bad_evals += 1
+        self.log.write(event="valid", step=self.step, epoch=self.epoch, **metrics)
+        self.save(self.run_dir / f"step-{self.step:06d}", resumable=False)
+        if improved:
+            self.save(self.run_dir / "best", resumable=False)
+        self.save(self.run_dir / "last", rank_rng=rank_rng)
+        # Old step checkpoints go only once every save has succeeded: a full disk keeps them all.
+        for old in step_dirs(self.run_dir)[: -self.train_cfg.keep_last]:
+            if checkpoint.is_checkpoint_dir(old):  # a step-N directory holding other files is not ours
+                shutil.rmtree(old)
+        plot_curves(self.log.records, self.run_dir / "curves.png")
+        return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
+
+    def finish(self) -> dict[str, Any]:
+        """Write final/, chosen on validation (``qkv.train.validation.write_final``); returns its scores."""
+        return validation.write_final(self)
+
+    @property
+    def bf16_mode(self) -> str | None:
+        """Where training computes in bfloat16: "autocast" (a GPU), "output layer" (the CPU's fused
+        loss), or None (float32 throughout)."""
+        return "autocast" if self.autocast else "output layer" if self.loss_bf16 else None
+
+    def run(self, *, progress: bool = True) -> TrainResult:
+        """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;
+        then write final/. A signal (SIGINT, SIGTERM, SIGHUP) ends it with StopRequested once last/
+        holds the state after the current step (``qkv.train.stopping``)."""
+        cfg, ctx = self.train_cfg, self.dist
+        self.log.write(
+            event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_data),
+            valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
+            truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
+            world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.bf16_mode or False,
+            **({"init_from": self.init_from} if self.init_from else {}),
+        )
+        bar = show_progress(total=self.end_step(), initial=self.step, enabled=progress and ctx.is_main)
+        together = True  # whether a stop comes at a step boundary that all ranks reached (they can still talk)
+        with self.stop, contextlib.closing(self.log):
+            try:
+                stopped_because = self._train(bar)
+                bar.close()
+                # The run ends with a checkpoint of its last step (unless one was just written).
+                newest = step_dirs(self.run_dir)[-1:] if ctx.is_main else []
+                if distributed.broadcast_flag(ctx.is_main and [d.name for d in newest] != [f"step-{self.step:06d}"], ctx):
+                    self.checkpoint_and_validate()
+                    self._stop_if_signalled()
+                together = False  # rank 0 alone writes final/
+                final: dict[str, Any] = {}
+                if ctx.is_main:
+                    final = self.finish()
+                    plot_curves(self.log.records, self.run_dir / "curves.png")
+            except StopRequested:
+                bar.close()
+                # Only ranks that stopped together can still talk (and send rank 0 their generators).
+                rank_rng = distributed.gather_rng_states(ctx) if together and ctx.parallel else None
+                if ctx.is_main and self.saved_step != self.step:
+                    self.save(self.run_dir / "last", rank_rng=rank_rng)
+                if ctx.is_main:
+                    name = signal.Signals(self.stop.signum or signal.SIGINT).name
+                    self.log.write(event="interrupted", step=self.step, signal=name)
+                raise
+        distributed.barrier(ctx)  # the run ends when final/ is written, for every rank
+        return TrainResult(self.run_dir, self.step, stopped_because, final)
+
+    def _stop_if_signalled(self) -> None:
+        """Every rank raises StopRequested at the same step boundary when any rank got a signal."""
+        if distributed.any_rank([self.stop.requested], self.dist)[0]:
+            raise StopRequested(self.stop.signum or signal.SIGINT)
+
+    def _train(self, bar: tqdm | PlainProgress) -> str:
+        """The training loop; returns why it stopped."""
+        cfg, ctx = self.train_cfg, self.dist
+        started, stopped_because = time.monotonic() - self.elapsed, "max_epochs"
+        window_tokens, window_start, skipped = 0, time.monotonic(), 0
+        end = self.end_step()
+        if end is not None and self.step >= end:  # resumed after its last step (stopped while writing final/)
+            return "max_steps" if end == cfg.max_steps else "time_budget"
+        while self.epoch < cfg.max_epochs and stopped_because == "max_epochs":
+            batches = self.batches(self.epoch)
+            while self.position < len(batches):
+                mine, used = distributed.step_share(
+                    batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=cfg.accumulate
+                )
+                if not used:  # fewer batches left than ranks: this epoch ends here
+                    self.position = len(batches)
+                    continue
+                loss, n_tokens, applied = self.train_step(mine)
+                self.position += used
+                self.step += 1
+                skipped += not applied
+                window_tokens += n_tokens
+                self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)  # rank 0's clock
+                end = self.end_step()
+                bar.total = end
+                if self.step % 50 == 0 or not applied:
+                    rate = window_tokens / max(time.monotonic() - window_start, 1e-9)
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    self.log.write(event="train", step=self.step, epoch=self.epoch, loss=round(loss, 4), lr=lr, tokens_per_s=round(rate), skipped=skipped)
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", epoch=self.epoch)
+                    window_tokens, window_start = 0, time.monotonic()
+                bar.update(1)
+                self._stop_if_signalled()
+                at_end = end is not None and self.step >= end
+                if self.step % cfg.eval_every == 0 or at_end:
+                    early = self.checkpoint_and_validate()
+                    self._stop_if_signalled()  # a signal during validation abandoned it: save last/ now
+                    if early:
+                        stopped_because = "early_stopping"
+                    elif at_end:
+                        stopped_because = "max_steps" if end == cfg.max_steps else "time_budget"
+                    if stopped_because != "max_epochs":
+                        break
+                if self.plan_due():  # after this step's validation, so that the pace includes it
+                    self.elapsed = distributed.broadcast_value(time.monotonic() - started, ctx)
+                    self.plan_budget()
+                    if self.step >= self.end_step():  # the budget is spent already
+                        stopped_because = "max_steps" if self.end_step() == cfg.max_steps else "time_budget"
+                        break
+            else:
+                self.epoch, self.position = self.epoch + 1, 0
+        return stopped_because
+

@@ -1,0 +1,89 @@
+"""int8 decoding: the linear layers become int8 matmuls in a copy of the model, the logits stay close
+to fp32's, the fp32 model is untouched, and `qkv translate --int8` / `qkv evaluate --int8` run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_decode import BOS, EOS, batch, make_model, sources
+from torch import nn
+
+from qkv.infer.search import DecodeConfig, search
+from qkv.model.quantize import int8_model, int8_supported
+
+needs_engine = pytest.mark.skipif(not int8_supported(), reason="this PyTorch has no quantized CPU engine")
+
+
+def test_pytorch_still_has_the_dynamic_quantization_that_int8_uses():
+    """Fails loudly (no skip) on a PyTorch that removed the deprecated API: qkv.model.quantize must move on."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic  # noqa: F401
+
+
+@needs_engine
+def test_only_pytorchs_two_deprecation_notices_are_silenced(monkeypatch):
+    import warnings
+
+    import torch.ao.quantization as ao
+
+    real = ao.quantize_dynamic
+
+    def noisy(*args, **kwargs):
+        warnings.warn("torch.ao.quantization is deprecated and will be removed", DeprecationWarning)
+        warnings.warn("something else went wrong in quantization", UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ao, "quantize_dynamic", noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        int8_model(make_model(0))
+    messages = [str(w.message) for w in caught]
+    assert "something else went wrong in quantization" in messages  # not swallowed
+    assert not any("torch.ao.quantization is deprecated" in m for m in messages)
+
+
+@needs_engine
+def test_int8_model_quantizes_a_copy_and_keeps_in_proj_in_fp32():
+    model = make_model(0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    quantized = int8_model(model)
+    int8_linear = torch.ao.nn.quantized.dynamic.Linear
+    assert not any(isinstance(m, int8_linear) for m in model.modules())  # the original is untouched
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    modules = dict(quantized.named_modules())
+    for name in ("generator", "decoder_layers.0.feed_forward.linear1", "decoder_layers.0.cross_attn.out_proj"):
+        assert isinstance(modules[name], int8_linear), name
+    in_proj = modules["decoder_layers.0.cross_attn.in_proj"]  # sliced by cross-attention: kept in fp32
+    assert isinstance(in_proj, nn.Linear) and not isinstance(in_proj, int8_linear) and in_proj.weight.dtype == torch.float32
+
+
+@needs_engine
+def test_int8_logits_are_close_to_fp32_and_search_runs():
+    model = make_model(0)
+    quantized = int8_model(model)
+    src = batch(sources([6, 9, 4, 7], seed=3))
+    tgt = torch.full((4, 1), BOS)
+    with torch.inference_mode():
+        exact, approx = model(src, tgt), quantized(src, tgt)  # (B, 1, V)
+    # 8 bits per weight and activation: a few percent of the logits' spread, far from a broken layer
+    assert (approx - exact).abs().max() < 0.1 * exact.std()
+    assert torch.nn.functional.cosine_similarity(approx.flatten(), exact.flatten(), dim=0) > 0.99
+    for beam in (1, 3):
+        hyps = search(quantized, src, bos_id=BOS, eos_id=EOS, config=DecodeConfig(beam_size=beam, max_len_b=6))
+        assert len(hyps) == 4 and all(h and all(0 <= t < model.config.tgt_vocab_size for t in h[0].tokens) for h in hyps)
+
+
+@needs_engine
+def test_translate_and_evaluate_with_int8_through_the_command_line(random_checkpoint, tmp_path):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("A dog runs.\n\nTwo children play.\n")
+    ref.write_text("Ein Hund rennt.\n\nZwei Kinder spielen.\n")
+    qkv = [sys.executable, "-m", "qkv"]
+    out = subprocess.run([*qkv, "translate", "--checkpoint", str(random_checkpoint), "--int8", "-i", str(src)],
+                         capture_output=True, text=True, check=True)
+    assert len(out.stdout.split("\n")) == 4 and out.stdout.split("\n")[1] == ""  # one line per input line
+    out = subprocess.run([*qkv, "evaluate", "--checkpoint", str(random_checkpoint), "--int8",
+                          "--src-file", str(src), "--ref-file", str(ref)], capture_output=True, text=True, check=True)
+    assert "int8" in out.stdout and "BLEU" in out.stdout

@@ -1,0 +1,160 @@
+"""The linear layers' kernel: oneDNN for fp32 on the CPU (forward and gradients), ``F.linear`` everywhere else."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.model import kernels
+from qkv.model.config import ModelConfig
+from qkv.model.kernels import Linear, linear
+from qkv.model.transformer import Transformer
+
+needs_onednn = pytest.mark.skipif(not kernels.onednn_available(), reason="this PyTorch has no oneDNN linear")
+
+
+@pytest.fixture(autouse=True)
+def small_products_too(monkeypatch):
+    """The tests' products are small: let oneDNN take them (``MIN_OUTPUTS`` has a test of its own)."""
+    monkeypatch.setattr(kernels, "MIN_OUTPUTS", 0)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch) -> list[int]:
+    calls = [0]
+    onednn = kernels._op
+
+    def counted(*args):
+        calls[0] += 1
+        return onednn(*args)
+
+    monkeypatch.setattr(kernels, "_op", counted)  # every oneDNN product goes through _op
+    return calls
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(7, 16), (3, 5, 16), (0, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_inference_runs_onednn_and_agrees_with_f_linear(shape, bias, onednn_calls):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(*shape, generator=g), torch.randn(24, 16, generator=g)
+    b = torch.randn(24, generator=g) if bias else None
+    with torch.no_grad():
+        out = linear(x, w, b)
+        columns = linear(torch.randn(16, 9, generator=g).t(), w, b)  # a transposed (non-contiguous) input
+    assert onednn_calls[0] == 2
+    assert out.shape == (*shape[:-1], 24)
+    torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    assert columns.shape == (9, 24)
+
+
+@needs_onednn
+def test_training_runs_onednn_with_f_linears_gradients(onednn_calls):
+    g = torch.Generator().manual_seed(1)
+    layer = Linear(16, 8)
+    reference = nn.Linear(16, 8)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 4, 16, generator=g, requires_grad=True)
+    torch.testing.assert_close(layer(x), reference(x), atol=1e-5, rtol=1e-5)
+    layer(x).square().sum().backward()
+    assert onednn_calls[0] == 2 + 1  # the comparison's forward, then this forward and its dx (dW: MKL)
+    grad = x.grad.clone()
+    x.grad = None
+    reference(x).square().sum().backward()
+    for ours, theirs in ((grad, x.grad), (layer.weight.grad, reference.weight.grad), (layer.bias.grad, reference.bias.grad)):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-5)
+    frozen = torch.randn(5, 16, generator=g, requires_grad=True)
+    layer.requires_grad_(False)
+    layer(frozen).sum().backward()  # only dx is asked for
+    assert layer.weight.grad is not None and frozen.grad.shape == (5, 16)
+
+
+@needs_onednn
+def test_padded_positions_change_nothing_but_the_kernels_shape(onednn_calls, monkeypatch):
+    """Past PAD_FROM positions the rows are padded to a multiple of ROW_MULTIPLE (a few shapes for
+    oneDNN to build kernels for); the output, dx, dW and db are those of the positions alone."""
+    monkeypatch.setattr(kernels, "PAD_FROM", 4)
+    monkeypatch.setattr(kernels, "ROW_MULTIPLE", 8)
+    shapes = []
+    onednn = kernels._op
+    monkeypatch.setattr(kernels, "_op", lambda a, w, b: shapes.append(tuple(a.shape)) or onednn(a, w, b))
+    g = torch.Generator().manual_seed(2)
+    layer, reference = Linear(6, 5), nn.Linear(6, 5)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(13, 6, generator=g, requires_grad=True)  # 13 rows -> 16
+    out = layer(x)
+    assert out.shape == (13, 5) and shapes == [(16, 6)]
+    torch.testing.assert_close(out, reference(x), atol=1e-5, rtol=1e-5)
+    (out * torch.arange(5.0)).sum().backward()
+    assert shapes[1:] == [(16, 5)]  # dx from the padded dy (dW: MKL, over the 13 positions)
+    grads = x.grad.clone(), layer.weight.grad, layer.bias.grad
+    x.grad = None
+    (reference(x) * torch.arange(5.0)).sum().backward()
+    for ours, theirs in zip(grads, (x.grad, reference.weight.grad, reference.bias.grad)):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert layer(torch.randn(3, 4, 6, generator=g)).shape == (3, 4, 5)  # 12 rows -> 16, cut back
+    assert shapes[-1] == (16, 6)
+
+
+def test_autocast_keeps_f_linear(onednn_calls):
+    layer = Linear(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(torch.randn(4, 16)).dtype == torch.bfloat16  # autocast's cast happens in F.linear's dispatch
+    assert onednn_calls[0] == 0
+
+
+def test_prefer_onednn_false_keeps_f_linear(onednn_calls):
+    previous = kernels.prefer_onednn(False)
+    try:
+        with torch.no_grad():
+            linear(torch.randn(2, 4), torch.randn(3, 4))
+    finally:
+        assert kernels.prefer_onednn(previous) is False
+    assert onednn_calls[0] == 0
+
+
+@needs_onednn
+def test_products_with_few_outputs_stay_on_mkl(onednn_calls, monkeypatch):
+    monkeypatch.setattr(kernels, "MIN_OUTPUTS", 8192)
+    with torch.no_grad():
+        linear(torch.randn(5, 16), torch.randn(384, 16))  # 1,920 outputs: one decoding step's layer
+        assert onednn_calls[0] == 0
+        linear(torch.randn(1, 16), torch.randn(8000, 16))  # 8,000-piece output layer, one sentence
+        assert onednn_calls[0] == 0
+        linear(torch.randn(2, 16), torch.randn(8000, 16))
+        assert onednn_calls[0] == 1
+
+
+def test_linear_has_nn_linears_state_dict():
+    layer, plain = Linear(5, 3), nn.Linear(5, 3)
+    assert layer.state_dict().keys() == plain.state_dict().keys()
+    plain.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(plain(x), layer(x), atol=1e-6, rtol=1e-6)
+
+
+@needs_onednn
+def test_a_models_logits_agree_across_the_two_kernels():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=4, d_ff=64,
+                                    n_encoder_layers=2, n_decoder_layers=2, dropout=0.0)).eval()
+    src, tgt = torch.randint(4, 50, (3, 9)), torch.randint(4, 50, (3, 7))
+    with torch.no_grad():
+        onednn = model(src, tgt)
+        previous = kernels.prefer_onednn(False)
+        try:
+            blas = model(src, tgt)
+        finally:
+            kernels.prefer_onednn(previous)
+    torch.testing.assert_close(onednn, blas, atol=1e-4, rtol=1e-4)
+    assert not torch.equal(onednn, torch.zeros_like(onednn))
+
+
+def test_checking_for_onednn_leaves_the_global_random_state_alone():
+    """A resumed run restores the random state and then makes its first product: the check that
+    oneDNN works must not draw from the generator dropout draws from."""
+    kernels.onednn_available.cache_clear()
+    state = torch.get_rng_state()
+    kernels.onednn_available()
+    assert torch.equal(torch.get_rng_state(), state)

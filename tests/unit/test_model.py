@@ -1,0 +1,179 @@
+"""The Transformer around the mechanism: config, positions, causality, padding, cache."""
+
+import math
+
+import pytest
+import torch
+
+from qkv.model.config import ConfigError, ModelConfig, model_preset
+from qkv.model.transformer import Transformer, sinusoidal_table
+
+V = 23
+PAD = 0
+
+
+def make_model(**overrides) -> Transformer:
+    torch.manual_seed(0)
+    config = model_preset("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, **overrides)
+    return Transformer(config).double().eval()
+
+
+def test_config_validation_and_unknown_keys():
+    with pytest.raises(ConfigError, match="divisible"):
+        ModelConfig(d_model=30, n_heads=4)
+    with pytest.raises(ConfigError, match="dropout"):
+        ModelConfig(dropout=1.0)
+    with pytest.raises(ConfigError, match="did you mean 'n_heads'"):
+        ModelConfig.from_dict({"n_head": 8})
+    with pytest.raises(ConfigError, match="did you mean 'base'"):
+        model_preset("bsae")
+    assert ModelConfig(d_model=30, n_heads=4, d_k=5, d_v=9).head_dim_v == 9
+    config = model_preset("base")
+    assert (config.d_model, config.n_heads, config.d_ff, config.n_encoder_layers) == (512, 8, 2048, 6)
+    assert not config.norm_first  # the paper's post-LN is the default
+    assert ModelConfig.from_dict(config.to_dict()) == config
+
+
+def test_sinusoidal_table_matches_the_formula():
+    table = sinusoidal_table(50, 16)
+    pos, i = 7, 3
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    split = sinusoidal_table(50, 16, "split")
+    torch.testing.assert_close(split[:, :8], table[:, 0::2])
+    torch.testing.assert_close(split[:, 8:], table[:, 1::2])
+
+
+def test_positions_are_a_buffer_not_a_parameter_and_not_saved():
+    model = make_model()
+    assert "positions.table" not in model.state_dict()
+    assert all("positions" not in name for name, _ in model.named_parameters())
+    assert "positions.table" in dict(model.named_buffers())
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_changing_a_future_target_token_leaves_earlier_logits_unchanged(norm_first):
+    model = make_model(norm_first=norm_first)
+    src = torch.randint(1, V, (2, 6))
+    tgt = torch.randint(1, V, (2, 8))
+    t = 4
+    changed = tgt.clone()
+    changed[:, t + 1] = (tgt[:, t + 1] % (V - 1)) + 1
+    with torch.no_grad():
+        before, after = model(src, tgt), model(src, changed)
+    assert torch.equal(before[:, : t + 1], after[:, : t + 1])
+    assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+
+
+def test_changing_padded_source_tokens_changes_nothing():
+    # Untied, so the padding row of the source embedding is not also an output-projection row.
+    model = make_model(share_embeddings=False, tie_output=False)
+    src = torch.randint(1, V, (2, 7))
+    src[0, 4:] = PAD
+    tgt = torch.randint(1, V, (2, 5))
+    with torch.no_grad():
+        reference = model(src, tgt)
+        # Replace the padding embedding itself: padded keys must not matter at all.
+        model.src_embed.weight[PAD].normal_()
+        after_pad_change = model(src, tgt)
+    torch.testing.assert_close(after_pad_change[0], reference[0], atol=1e-12, rtol=0)
+    # A shorter batch (no padding) gives the same result for the padded sentence.
+    with torch.no_grad():
+        alone = model(src[:1, :4], tgt[:1])
+    torch.testing.assert_close(alone[0], reference[0], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first,learned", [(False, False), (True, False), (True, True)])
+def test_incremental_decoding_with_cache_equals_full_forward(norm_first, learned):
+    model = make_model(norm_first=norm_first, learned_positions=learned)
+    src = torch.randint(1, V, (3, 6))
+    src[1, 3:] = PAD
+    tgt = torch.randint(1, V, (3, 7))
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory, src_mask, _ = model.encode(src)
+        state = model.new_state()
+        for t in range(tgt.size(1)):
+            logits, _ = model.decode(tgt[:, t : t + 1], memory, src_mask, state=state)
+            torch.testing.assert_close(logits[:, 0], full[:, t], atol=1e-10, rtol=0)
+    assert state.position == tgt.size(1)
+
+
+def test_state_reorder_selects_batch_rows():
+    model = make_model()
+    src = torch.randint(1, V, (3, 5))
+    tgt = torch.randint(1, V, (3, 4))
+    with torch.no_grad():
+        memory, src_mask, _ = model.encode(src)
+        state = model.new_state()
+        model.decode(tgt[:, :3], memory, src_mask, state=state)
+        index = torch.tensor([2, 0])
+        state.reorder(index)
+        step, _ = model.decode(tgt[index, 3:], memory[index], src_mask[index], state=state)
+        full = model(src[index], tgt[index])
+    torch.testing.assert_close(step[:, 0], full[:, 3], atol=1e-10, rtol=0)
+
+
+def test_attention_weights_are_returned_per_layer_and_kind():
+    model = make_model()
+    src = torch.randint(1, V, (2, 6))
+    src[1, 4:] = PAD
+    tgt = torch.randint(1, V, (2, 5))
+    with torch.no_grad():
+        memory, src_mask, enc = model.encode(src, need_weights=True)
+        _, weights = model.decode(tgt, memory, src_mask, need_weights=True)
+    H = model.config.n_heads
+    assert [w.shape for w in enc] == [(2, H, 6, 6)] * 2
+    assert [w.shape for w in weights.cross] == [(2, H, 5, 6)] * 2
+    assert all((w[1, :, :, 4:] == 0).all() for w in weights.cross)  # padded source keys
+    assert all((w.triu(diagonal=1) == 0).all() for w in weights.decoder_self)  # future positions
+
+
+def test_shared_and_tied_embeddings():
+    model = make_model()
+    assert model.tgt_embed is model.src_embed
+    assert model.generator.weight is model.src_embed.weight
+    untied = make_model(share_embeddings=False, tie_output=False)
+    assert untied.tgt_embed is not untied.src_embed
+    assert untied.generator.weight is not untied.tgt_embed.weight
+
+
+def test_d_k_different_from_d_v_model_runs_and_trains():
+    model = make_model(d_k=6, d_v=10)
+    model.train()
+    src, tgt = torch.randint(1, V, (2, 5)), torch.randint(1, V, (2, 4))
+    loss = model(src, tgt).logsumexp(-1).mean()
+    loss.backward()
+    assert model.encoder_layers[0].self_attn.in_proj.weight.shape == (2 * (6 + 6 + 10), 32)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_module_has_no_device_argument_and_moves_with_to():
+    model = make_model().float()
+    assert model.positions.table.dtype == torch.float32
+    assert model.positions.table.device == model.src_embed.weight.device
+
+
+def test_learned_positions_are_a_trained_saved_parameter(tmp_path):
+    from qkv.io import checkpoint
+    from qkv.interop.convert import to_huggingface
+    from qkv.data.tokenizer import Tokenizer
+
+    model = make_model(learned_positions=True).float().train()
+    table = model.positions.table
+    assert isinstance(table, torch.nn.Parameter) and table.shape == (model.config.max_len, model.config.d_model)
+    src, tgt = torch.randint(1, V, (2, 5)), torch.randint(1, V, (2, 4))
+    model(src, tgt).sum().backward()
+    assert table.grad[:4].abs().sum() > 0 and table.grad[5:].abs().sum() == 0  # the positions used, only
+    # moving position 0 changes the output: the table is read
+    with torch.no_grad():
+        before = model.eval()(src, tgt)
+        table[0] += 1.0
+        assert not torch.allclose(before, model(src, tgt))
+    sentences = ["a b c d e f g h", "b c d e f g h a"] * 10
+    tok = Tokenizer.train(sentences, vocab_size=V, path=tmp_path / "spm.model")
+    saved = checkpoint.save(tmp_path / "ckpt", model, tok, configs={})
+    loaded = checkpoint.load(saved).model
+    torch.testing.assert_close(loaded.positions.table, table.detach())
+    with pytest.raises(ValueError, match="learned its positions"):
+        to_huggingface(model, bos_id=1, eos_id=2)
