@@ -37,7 +37,8 @@ from qkv.model import kernels
 from qkv.model.dropout import FastDropout
 from qkv.train.recipes import adam_kernel
 from qkv.data.corpus import collate
-from qkv.train.trainer import Trainer, build_configs, cpu_bf16_loss
+from qkv.train.recipes import build_configs
+from qkv.train.trainer import Trainer, cpu_bf16_loss
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False}
 NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False, "onednn": True}
