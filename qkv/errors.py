@@ -18,5 +18,6 @@ class MissingPackage(QkvError):
     """An optional package a command needs is not installed (the message names the pip extra)."""
 
 
-class NonFiniteLoss(QkvError):
-    """Training met a NaN or infinite loss or gradient with ``on_nan=stop``; the last good checkpoint is named."""
+class NonFiniteLoss(QkvError, FloatingPointError):
+    """Training met a NaN or infinite loss or gradient with ``on_nan=stop``; the last good checkpoint
+    is named. Also a ``FloatingPointError``, as it was before ``QkvError`` existed."""

@@ -190,7 +190,7 @@ def too_much_work(work: Work, settings: Settings, limit: int) -> str:
 
 
 def page_html() -> str:
-    return resources.files("qkv").joinpath("server.html").read_text(encoding="utf-8")
+    return resources.files("qkv.serve").joinpath("server.html").read_text(encoding="utf-8")
 
 
 def _unprocessable(field: str, kind: str, message: str) -> JSONResponse:

@@ -47,7 +47,9 @@ def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_ch
     args = (["translate", *common, "-i", str(src), "-o", str(work / "out.txt")] if command == "translate" else
             ["evaluate", *common, "--src-file", str(src), "--ref-file", str(src), "--save", str(work / "out.txt")])
     process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+                               text=True, start_new_session=True,
+                               # SIGINT as in a terminal, even when the suite runs as a background job (which ignores it)
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while len(_group(process.pid)) < 3:  # the command and its two workers

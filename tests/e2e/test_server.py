@@ -766,7 +766,7 @@ def run_page(tmp_path, run_it: str) -> dict:
     node = shutil.which("node")
     if node is None:
         pytest.skip("needs Node.js to run the page's script")
-    script = re.search(r"<script>(.*)</script>", (ROOT / "qkv" / "server.html").read_text(), re.S).group(1)
+    script = re.search(r"<script>(.*)</script>", (ROOT / "qkv" / "serve" / "server.html").read_text(), re.S).group(1)
     (tmp_path / "page.js").write_text(PAGE_DOM + script + run_it)
     run = subprocess.run([node, str(tmp_path / "page.js")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
