@@ -93,7 +93,7 @@ def device_of(args: argparse.Namespace):
 
 
 def int8_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (README: Benchmarks)")
+    p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (measured in docs/benchmarks.md)")
 
 
 def int8_device(args: argparse.Namespace):

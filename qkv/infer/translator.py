@@ -76,7 +76,7 @@ class Translator:
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
     once where the program starts (the command line and the server do): every decoding step
     allocates and frees its vocabulary-sized scores, which glibc would otherwise hand back to the
-    kernel and fault in again (1.1x beam 5 on the benchmark's batches, README (c)).
+    kernel and fault in again (1.1x beam 5 on the benchmark's batches, docs/benchmarks.md (c)).
     """
 
     def __init__(

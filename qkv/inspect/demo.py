@@ -27,7 +27,7 @@ from qkv.inspect.visualize import capture_attention, plot_attention, token_align
 
 EXAMPLES = ["Tuesday, 9th of May 2017", "09/05/17", "9 mai 2017", "le 14 juillet 1989", "3. Oktober 1990"]
 
-# Sized to learn the task in about a minute on two CPU cores (measured; see the README).
+# Sized to learn the task in about a minute on two CPU cores (measured; docs/attention.md).
 DEMO_MODEL = dict(d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0)
 DEMO_TRAIN = TrainConfig(
     max_tokens=3000, lr=3e-3, warmup_steps=100, cooldown=0.2, eval_every=200, max_steps=1000, average_last=2, keep_last=2

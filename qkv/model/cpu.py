@@ -4,7 +4,7 @@ A training step frees and allocates the same large tensors every step (a batch's
 vocabulary-sized gradient of the output layer). glibc's malloc serves blocks over its mmap threshold
 (at most 32 MiB, after its dynamic adjustment) with ``mmap`` and gives them back to the kernel on
 ``free``; the next step touches fresh pages and takes a page fault on each 4 KiB of them. Measured
-on the multi30k preset (README, benchmark (b)): tens of thousands of faults per step and a fifth of
+on the multi30k preset (docs/benchmarks.md, (b)): tens of thousands of faults per step and a fifth of
 the CPU time in the kernel. Telling glibc to keep what it has (no mmap, no trimming of the heap's
 top) removes them; the memory the process holds is then its peak, as a caching allocator's is.
 

@@ -2,7 +2,7 @@
 
 Weights are quantized once, per output row (channel); activations are quantized per batch at run
 time (PyTorch's dynamic quantization, on the x86/fbgemm kernels). The result is an approximation of
-the fp32 model: its BLEU cost is measured in the README's benchmarks, never assumed.
+the fp32 model: its BLEU cost is measured in docs/benchmarks.md, never assumed.
 
 Left in fp32: the embeddings, the layer norms, and each attention's stacked input projection
 ``in_proj``, whose rows cross-attention uses in two slices (queries from the decoder, keys and

@@ -82,7 +82,7 @@ class TrainConfig:
     seed: int = 1
     threads: int = 0  # torch intra-op threads; 0: PyTorch's default
     on_nan: Literal["skip", "stop"] = "skip"
-    # Speed (qkv.speed, README "Benchmarks"); each can be turned off to run the earlier, slower path.
+    # Speed (qkv.model.cpu and docs/cpu-speed.md); each can be turned off to run the earlier, slower path.
     fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
@@ -127,7 +127,7 @@ class Preset:
     model_overrides: tuple[tuple[str, Any], ...] = ()
 
 
-# Recipes measured on a 2-core CPU (see the README for what each reached).
+# Recipes measured on a 2-core CPU (docs/results.md and docs/recipes.md say what each reached).
 TRAIN_PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         "tiny",

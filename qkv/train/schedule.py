@@ -26,7 +26,7 @@ def cooldown_factor(progress: float | None, cooldown: float) -> float:
 
     ``progress`` is the fraction of the run's steps done (of max_steps, or of the steps planned from
     the time budget), None while the run has no known end. A short linear decay at the end of a fixed budget ("warm-up, stable, decay")
-    lands in a sharper minimum than stopping at a still-high learning rate; measured on Multi30k in the README.
+    lands in a sharper minimum than stopping at a still-high learning rate; measured on Multi30k in docs/recipes.md.
     """
     if progress is None or cooldown <= 0:
         return 1.0
