@@ -28,7 +28,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dump-config", action="store_true", help="print the full resolved config (a --config file) and exit")
     p.add_argument("--src", help="source language (Multi30k: en, de, fr, cs)")
     p.add_argument("--tgt", help="target language")
-    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else download to a cache)")
+    p.add_argument("--data-dir", help="a directory qkv prepare wrote, or a local Multi30k directory (default: $QKV_DATA, else download to a cache)")
     p.add_argument("--train-src", help="your own training data: source file (or a TSV with both sides)")
     p.add_argument("--train-tgt", help="your own training data: target file")
     p.add_argument("--valid-src", help="validation source file (default: hold out part of the training data)")
@@ -75,6 +75,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.io.outputs import check_apart, read_dirs
     from qkv.io.runs import check_new_run, run_entries
     from qkv.train.stopping import StopRequested
+    from qkv.data.prepared import is_prepared
     from qkv.io import checkpoint
     from qkv.model.devices import describe
     from qkv.train.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
@@ -103,6 +104,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
             data[key] = value
     if args.train_src:
         data["corpus"] = "files"
+    elif is_prepared(args.data_dir):  # what qkv prepare wrote: its arrays are mapped, not loaded
+        data["corpus"] = "prepared"
     if args.resume:
         ignored = [
             flag for flag, value in [
@@ -147,7 +150,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     if ctx.is_main:
         where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
         where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16", None: ""}[trainer.bf16_mode]
-        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_data):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
+        print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_ids.src_ids):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)
     except StopRequested as stop:
@@ -187,3 +190,45 @@ def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | 
             f"--resume cannot change {', '.join(changes[:3])}{' and more' if len(changes) > 3 else ''}: "
             "the run keeps the model and data it started with; leave out --preset, --model and the data flags"
         )
+
+
+def _prepare_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train-src", required=True, help="source side (plain, .gz or .xz), or a TSV with both sides")
+    p.add_argument("--train-tgt", help="target side, aligned line by line with --train-src")
+    p.add_argument("--valid-src", help="validation source (default: hold out the last 5%% of the pairs, at most 1,000)")
+    p.add_argument("--valid-tgt", help="validation target")
+    p.add_argument("--out", required=True, help="the prepared directory to write (new); train with qkv train --data-dir OUT")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint subword vocabulary (default 8000)")
+    p.add_argument("--max-len", type=int, default=128, help="subword tokens per side (default 128); longer pairs are dropped")
+    p.add_argument("--sample", type=int, default=1_000_000, help="pairs sampled (seeded) to train the tokenizer (default 1,000,000)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, help="encoding processes (default: one per CPU)")
+    p.add_argument("--max-ratio", type=float, default=3.0, help="drop pairs whose one side has more than this many times the other's tokens (0: keep all; default 3)")
+    p.add_argument("--keep-long", action="store_true", help="truncate pairs longer than --max-len instead of dropping them")
+    p.add_argument("--keep-empty", action="store_true", help="keep pairs with an empty side")
+    p.add_argument("--keep-duplicates", action="store_true", help="keep repeated (source, target) pairs")
+    p.add_argument("--keep-copies", action="store_true", help="keep pairs whose source equals their target")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+@command("prepare", "encode a large parallel corpus once into memory-mapped arrays that qkv train --data-dir streams", _prepare_args)
+def prepare_command(args: argparse.Namespace) -> int:
+    from qkv.data.prepared import Filters, prepare
+
+    for name in ("vocab_size", "max_len", "sample"):
+        if getattr(args, name) < 1:
+            raise QkvError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.workers is not None and args.workers < 1:
+        raise QkvError(f"--workers must be at least 1, got {args.workers}")
+    if args.max_ratio < 0:
+        raise QkvError(f"--max-ratio must be >= 0 (0: keep all), got {args.max_ratio}")
+    filters = Filters(empty=not args.keep_empty, too_long=not args.keep_long, ratio=args.max_ratio,
+                      duplicates=not args.keep_duplicates, copies=not args.keep_copies)
+    summary = prepare(args.train_src, args.train_tgt, args.out, valid_src=args.valid_src, valid_tgt=args.valid_tgt,
+                      vocab_size=args.vocab_size, max_len=args.max_len, sample=args.sample, seed=args.seed,
+                      workers=args.workers, filters=filters, progress=not args.no_progress)
+    c = summary.counts
+    dropped = ", ".join(f"{reason} {n:,}" for reason, n in c.dropped.items() if n) or "none"
+    print(f"prepared {c.kept:,} of {c.read:,} pairs ({c.read / max(summary.seconds, 1e-9):,.0f} pairs/s; dropped: {dropped}; "
+          f"truncated {c.truncated:,}), {summary.valid_pairs:,} validation pairs -> {summary.out}")
+    return 0

@@ -22,10 +22,10 @@ from qkv.data.corpus import ParallelCorpus, load_multi30k, read_parallel, read_t
 class DataConfig:
     """Where the parallel text comes from and how it is tokenized."""
 
-    corpus: Literal["multi30k", "files"] = "multi30k"
+    corpus: Literal["multi30k", "files", "prepared"] = "multi30k"
     src_lang: str = "en"
     tgt_lang: str = "de"
-    data_dir: str | None = None  # Multi30k directory; None: $QKV_DATA or the download cache
+    data_dir: str | None = None  # Multi30k directory (None: $QKV_DATA or the download cache), or with corpus="prepared" what qkv prepare wrote
     train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
     train_tgt: str | None = None
     valid_src: str | None = None
@@ -49,6 +49,14 @@ class DataConfig:
                 raise ConfigError(f"{name} must be >= 0 (0: all), got {getattr(self, name)}")
         if not 0 <= self.subword_dropout < 1:
             raise ConfigError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
+        if self.corpus == "prepared":
+            if not self.data_dir:
+                raise ConfigError("corpus 'prepared' needs data_dir: the directory qkv prepare wrote")
+            if self.subword_dropout:
+                raise ConfigError(
+                    "a prepared corpus holds one segmentation of every pair: subword_dropout applies to text corpora "
+                    "(train on the text files to use it)"
+                )
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from qkv.train import distributed
 from qkv.model import kernels
 from qkv.train import validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
-from qkv.data.corpus import EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.data.corpus import DataError, EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.data.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
@@ -111,12 +112,17 @@ class Trainer:
         kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.model.kernels)
         # Everything that can fail on the user's settings comes before --overwrite deletes the old run:
         # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
-        self.train_data, self.valid_data = load_corpora(data)
+        prepared = load_prepared(data.data_dir) if data.corpus == "prepared" else None  # arrays mapped, not read
+        self.train_data, self.valid_data = (prepared, prepared.validation(data.valid_limit)) if prepared else load_corpora(data)
         main = self.dist.is_main
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
         tokenizer, new_tokenizer = None, False
         if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
             tokenizer, new_tokenizer = init_from.tokenizer, True
+            if prepared and init_from.tokenizer.model_proto != prepared.tokenizer.model_proto:
+                raise DataError(f"{data.data_dir} was prepared with another tokenizer than --init-from's: prepare it with that one")
+        elif prepared:  # the pairs were encoded with the prepared directory's tokenizer
+            tokenizer, new_tokenizer = prepared.tokenizer, True
         elif main and (start_over or not tokenizer_path.exists()):
             with tempfile.TemporaryDirectory(prefix="qkv-tokenizer-") as aside:
                 texts = self.train_data.src + self.train_data.tgt
@@ -169,7 +175,8 @@ class Trainer:
             weight_decay=train.weight_decay, **adam_kernel(train.adam)
         )
         self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
-        self.train_ids = encode_corpus(tokenizer, self.train_data, max_len)  # with subword_dropout: epoch_ids
+        # The pairs' ids: mapped from a prepared corpus, else encoded here (with subword_dropout: epoch_ids).
+        self.train_ids = prepared.train_ids(max_len, data.train_limit) if prepared else encode_corpus(tokenizer, self.train_data, max_len)
         self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
         self.valid_ids = encode_corpus(tokenizer, self.valid_data, max_len)
         self.step, self.epoch, self.position = 0, 0, 0
@@ -299,8 +306,8 @@ class Trainer:
 
     def batches(self, epoch: int) -> list[list[int]]:
         ids = self.epoch_ids(epoch)
-        src_len = [len(s) for s in ids.src_ids]
-        tgt_len = [len(t) for t in ids.tgt_ids]
+        src_len = ids.src_ids.lengths() if isinstance(ids.src_ids, MappedSide) else [len(s) for s in ids.src_ids]
+        tgt_len = ids.tgt_ids.lengths() if isinstance(ids.tgt_ids, MappedSide) else [len(t) for t in ids.tgt_ids]
         return token_batches(src_len, tgt_len, self.train_cfg.max_tokens, seed=self.train_cfg.seed, epoch=epoch)
 
     def _collate(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -467,7 +474,7 @@ class Trainer:
         holds the state after the current step (``qkv.train.stopping``)."""
         cfg, ctx = self.train_cfg, self.dist
         self.log.write(
-            event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_data),
+            event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_ids.src_ids),
             valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
             world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.bf16_mode or False,

@@ -1,0 +1,141 @@
+"""(e) Corpus size: what preparing and training cost as a corpus grows, prepared (`qkv prepare`) against text files.
+
+Multi30k's training pairs repeated 1x, 10x, 100x (``--sizes``), generated into ``--work`` (never committed).
+For each size, each command in its own process, measured from outside (``os.wait4``: wall seconds and the
+process's peak resident memory, its children included):
+
+- ``qkv prepare`` (duplicates kept: the repeats are the point): seconds, pairs/s, peak RSS;
+- ``qkv train --data-dir PREPARED`` and, for comparison, ``qkv train --train-src/--train-tgt`` on the text:
+  the seconds from launch to the run's ``start`` event (what comes before the first update: reading or
+  mapping the data, the tokenizer, the model) and the peak RSS of a run of ``--steps`` updates.
+
+    python -m benchmarks.prepared_scale --data ../shared/data/multi30k --work /tmp/qkv-scale --out DIR
+
+writes ``DIR/prepared_scale.md`` (one table) and ``DIR/prepared_scale.png`` (each measure against the size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def measured(args: list[str], *, log: Path, until_start: Path | None = None) -> dict[str, float]:
+    """Run ``qkv ARGS``; its wall seconds, peak RSS (MB) and, with ``until_start``, the seconds to the run's start event."""
+    started = time.monotonic()
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=out, stderr=subprocess.STDOUT)
+    to_start = None
+    while until_start is not None and process.poll() is None:
+        if until_start.is_file() and '"event": "start"' in until_start.read_text():
+            to_start = time.monotonic() - started
+            break
+        time.sleep(0.05)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"qkv {' '.join(args)} failed; see {log}")
+    result = {"seconds": time.monotonic() - started, "peak_mb": usage.ru_maxrss / 1024}
+    if to_start is not None:
+        result["to_start"] = to_start
+    return result
+
+
+def fresh(run: Path) -> Path:
+    """``run``, with an earlier run of this benchmark there removed (a qkv run only: anything else stops it)."""
+    from qkv.io.runs import is_run
+
+    if run.exists():
+        if not is_run(run):
+            raise SystemExit(f"{run} exists and is not a qkv run: choose another --work")
+        shutil.rmtree(run)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k directory")
+    parser.add_argument("--work", default="/tmp/qkv-scale", help="where the generated corpora and runs go")
+    parser.add_argument("--out", required=True, help="where the table and the plot go")
+    parser.add_argument("--sizes", default="1,10,100", help="repeats of Multi30k's 29,000 pairs")
+    parser.add_argument("--steps", type=int, default=30, help="updates of each training run")
+    parser.add_argument("--text-up-to", type=int, default=100, help="also train on the text files up to this size")
+    args = parser.parse_args()
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = {side: gzip.open(Path(args.data) / f"train.{side}.gz", "rt", encoding="utf-8").read() for side in ("en", "de")}
+    rows = []
+    for size in map(int, args.sizes.split(",")):
+        corpus = {side: work / f"x{size}.{side}" for side in lines}
+        for side, path in corpus.items():
+            if not path.exists():
+                path.write_text(lines[side] * size, encoding="utf-8")
+        pairs = lines["en"].count("\n") * size
+        prepared = work / f"x{size}.prepared"
+        if prepared.exists():
+            if not (prepared / "prepared.json").is_file():
+                raise SystemExit(f"{prepared} exists and is not a prepared directory: choose another --work")
+            shutil.rmtree(prepared)
+        prep = measured(["prepare", "--train-src", str(corpus["en"]), "--train-tgt", str(corpus["de"]), "--out", str(prepared),
+                         "--keep-duplicates", "--no-progress"], log=work / f"x{size}.prepare.log")
+        common = ["--preset", "multi30k", "--max-steps", str(args.steps), "--train", "eval_every=1000", "tune_length_penalty=false",
+                  "--data", "valid_limit=100", "--no-progress"]
+        row = {"size": size, "pairs": pairs, "prepare": prep, "pairs_per_s": pairs / prep["seconds"]}
+        run = fresh(work / f"x{size}.run-prepared")
+        row["train_prepared"] = measured(["train", "--data-dir", str(prepared), "--out", str(run), *common],
+                                         log=work / f"x{size}.train-prepared.log", until_start=run / "log.jsonl")
+        if size <= args.text_up_to:
+            run = fresh(work / f"x{size}.run-text")
+            row["train_text"] = measured(["train", "--train-src", str(corpus["en"]), "--train-tgt", str(corpus["de"]),
+                                          "--out", str(run), *common], log=work / f"x{size}.train-text.log", until_start=run / "log.jsonl")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (out / "prepared_scale.json").write_text(json.dumps(rows, indent=2) + "\n")
+    table = ["| pairs | prepare s | pairs/s | prepare peak MB | to first update, prepared s | text s | training peak MB, prepared | text |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        text = r.get("train_text")
+        table.append(
+            f"| {r['pairs']:,} | {r['prepare']['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['prepare']['peak_mb']:,.0f} | "
+            f"{r['train_prepared']['to_start']:.1f} | {text['to_start']:.1f} | {r['train_prepared']['peak_mb']:,.0f} | {text['peak_mb']:,.0f} |"
+            if text else
+            f"| {r['pairs']:,} | {r['prepare']['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['prepare']['peak_mb']:,.0f} | "
+            f"{r['train_prepared']['to_start']:.1f} | - | {r['train_prepared']['peak_mb']:,.0f} | - |"
+        )
+    (out / "prepared_scale.md").write_text("\n".join(table) + "\n")
+    _plot(rows, out / "prepared_scale.png")
+    print("\n".join(table))
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [r["pairs"] for r in rows]
+    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("train_prepared", "training, prepared"), ("train_text", "training, text files")):
+        have = [r for r in rows if key in r]
+        ax_mem.plot([r["pairs"] for r in have], [r[key]["peak_mb"] for r in have], "o-", label=label)
+        ax_time.plot([r["pairs"] for r in have], [r[key]["to_start"] for r in have], "o-", label=label)
+    ax_mem.plot(pairs, [r["prepare"]["peak_mb"] for r in rows], "s--", label="qkv prepare")
+    ax_time.plot(pairs, [r["prepare"]["seconds"] for r in rows], "s--", label="qkv prepare (all of it)")
+    for ax, ylabel in ((ax_mem, "peak resident memory (MB)"), (ax_time, "seconds (training: to the first update)")):
+        ax.set(xscale="log", xlabel="training pairs", ylabel=ylabel)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

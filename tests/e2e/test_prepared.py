@@ -1,0 +1,138 @@
+"""Prepared corpora (`qkv prepare`): encoded once, filtered and counted, mapped by training, resumed bitwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_train import RecordingTrainer, same_weights
+
+from qkv.data.prepared import Filters, MappedSide, load_prepared, prepare
+from qkv.data.tasks import date_pairs
+from qkv.train.recipes import build_configs
+from qkv.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path, list[tuple[str, str]]]:
+    """600 date pairs in two gzipped files, with one empty side, one copy, one duplicate, one overlong pair
+    and one whose source is many times longer than its target."""
+    where = tmp_path_factory.mktemp("corpus")
+    pairs = date_pairs(600, seed=5)
+    pairs[10] = ("", pairs[10][1])  # an empty source
+    pairs[20] = ("2017-05-09", "2017-05-09")  # the source is its target
+    pairs[30] = pairs[31]  # a duplicate
+    pairs[40] = (" ".join(["9 mai 2017"] * 40), pairs[40][1])  # far longer than max_len
+    pairs[50] = (" ".join(["9 mai 2017"] * 6), "2017")  # many times its target's length
+    src, tgt = where / "train.src.gz", where / "train.tgt.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as a, gzip.open(tgt, "wt", encoding="utf-8") as b:
+        for s, t in pairs:
+            a.write(s + "\n")
+            b.write(t + "\n")
+    return src, tgt, pairs
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    src, tgt, _ = corpus
+    out = tmp_path_factory.mktemp("prep") / "dates"
+    prepare(src, tgt, out, vocab_size=120, max_len=40, workers=2, filters=Filters(ratio=9), progress=False)
+    return out
+
+
+def test_every_filter_is_counted_and_the_arrays_hold_the_kept_pairs_in_order(corpus, prepared):
+    _, _, pairs = corpus
+    manifest = json.loads((prepared / "prepared.json").read_text())
+    held = 600 // 20  # no validation files: the last 5% held out
+    counts = manifest["counts"]
+    assert counts["read"] == 600 - held and manifest["valid_pairs"] == held
+    assert counts["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "duplicates": 1, "copies": 1}
+    assert counts["kept"] == counts["read"] - 5
+    loaded = load_prepared(prepared)
+    ids = loaded.train_ids(max_len=40)
+    assert isinstance(ids.src_ids, MappedSide) and len(ids.src_ids) == counts["kept"]
+    kept = [p for i, p in enumerate(pairs[: 600 - held]) if i not in (10, 20, 31, 40, 50)]  # 31 repeats 30, which is kept
+    tok = loaded.tokenizer
+    for i in (0, 7, len(kept) - 1):
+        assert tok.decode(ids.src_ids[i]) == kept[i][0] and tok.decode(ids.tgt_ids[i]) == kept[i][1]
+    assert list(ids.src_ids.lengths()[:5]) == [len(ids.src_ids[i]) for i in range(5)]
+    assert loaded.valid.tgt == [t for _, t in pairs[600 - held :]]
+
+
+def test_filters_can_be_switched_off(corpus, tmp_path):
+    src, tgt, _ = corpus
+    off = Filters(empty=False, too_long=False, ratio=0, duplicates=False, copies=False)
+    summary = prepare(src, tgt, tmp_path / "all", vocab_size=120, max_len=40, workers=1, filters=off, progress=False)
+    assert summary.counts.kept == summary.counts.read == 570 and summary.counts.truncated == 1
+
+
+def test_a_killed_preparation_leaves_nothing_that_looks_prepared_and_the_next_one_starts_clean(corpus, tmp_path):
+    src, tgt, _ = corpus
+    big = tmp_path / "big.tsv"  # enough pairs to be killed in the middle of encoding
+    big.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(200_000, seed=1)), encoding="utf-8")
+    out = tmp_path / "prep"
+    process = subprocess.Popen([sys.executable, "-m", "qkv", "prepare", "--train-src", str(big), "--out", str(out),
+                                "--vocab-size", "120", "--no-progress", "--workers", "1"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "prep.tmp" / "train.src.ids").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read()
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not out.exists() and (tmp_path / "prep.tmp" / ".qkv-save").is_file()  # not complete, and marked as qkv's
+    prepare(src, tgt, out, vocab_size=120, max_len=40, workers=1, progress=False)
+    assert load_prepared(out).manifest["counts"]["kept"] > 0 and not (tmp_path / "prep.tmp").exists()
+
+
+def test_a_users_directory_named_like_the_temporary_one_is_never_deleted(corpus, tmp_path):
+    src, tgt, _ = corpus
+    (tmp_path / "prep.tmp").mkdir()
+    (tmp_path / "prep.tmp" / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match="qkv did not write it"):
+        prepare(src, tgt, tmp_path / "prep", vocab_size=120, workers=1, progress=False)
+    assert (tmp_path / "prep.tmp" / "notes.txt").read_text() == "mine\n"
+
+
+def configs(prepared: Path, **train):
+    return build_configs("tiny", model={"dropout": 0.1},
+                         train={"threads": 1, "eval_every": 1000, "tune_length_penalty": False, **train},
+                         data={"corpus": "prepared", "data_dir": str(prepared), "train_limit": 0})
+
+
+def test_training_maps_the_arrays_and_resumes_bitwise_across_an_epoch(prepared, tmp_path):
+    model, train, data = configs(prepared)
+    probe = Trainer(tmp_path / "probe", model, train, data)
+    assert isinstance(probe.train_ids.src_ids, MappedSide)  # mapped, not loaded into lists
+    assert probe.tokenizer.model_proto == load_prepared(prepared).tokenizer.model_proto
+    per_epoch = len(probe.batches(0))
+    end = per_epoch + 3
+    whole = RecordingTrainer(tmp_path / "whole", model, dataclasses.replace(train, max_steps=end), data)
+    whole.run(progress=False)
+    part = RecordingTrainer(tmp_path / "run", model, dataclasses.replace(train, max_steps=per_epoch - 2), data)
+    part.run(progress=False)
+    resumed = RecordingTrainer.resume(tmp_path / "run", max_steps=end)
+    resumed.run(progress=False)
+    assert resumed.epoch >= 1  # the resumed run crossed into the second epoch
+    assert part.losses + resumed.losses == whole.losses
+    assert same_weights(resumed.model, whole.model)
+
+
+def test_qkv_train_takes_a_prepared_directory_as_its_data_dir(prepared, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--data-dir", str(prepared), "--out", str(tmp_path / "run"),
+         "--max-steps", "4", "--train", "eval_every=2", "threads=1", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])
+    assert start["train_pairs"] == 500  # the tiny preset's train_limit, of the prepared pairs
+    refused = subprocess.run([sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--data-dir", str(prepared),
+                              "--out", str(tmp_path / "run2"), "--data", "subword_dropout=0.1"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "subword_dropout applies to text corpora" in refused.stderr
