@@ -6,8 +6,10 @@ process's peak resident memory, its children included):
 
 - ``qkv prepare`` (duplicates kept: the repeats are the point): seconds, pairs/s, peak RSS;
 - ``qkv train --data-dir PREPARED`` and, for comparison, ``qkv train --train-src/--train-tgt`` on the text:
-  the seconds from launch to the run's ``start`` event (what comes before the first update: reading or
-  mapping the data, the tokenizer, the model) and the peak RSS of a run of ``--steps`` updates.
+  the seconds from launch to the run's ``start`` event (reading or mapping the data, the tokenizer, the
+  model), to its first checkpoint (``step-000001/``: the epoch's batches formed, one update, and a
+  validation of 100 pairs: an upper bound on the time to the first update), and the peak RSS of a run
+  of ``--steps`` updates.
 
     python -m benchmarks.prepared_scale --data ../shared/data/multi30k --work /tmp/qkv-scale --out DIR
 
@@ -32,19 +34,21 @@ def measured(args: list[str], *, log: Path, until_start: Path | None = None) -> 
     started = time.monotonic()
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=out, stderr=subprocess.STDOUT)
-    to_start = None
-    while until_start is not None and process.poll() is None:
-        if until_start.is_file() and '"event": "start"' in until_start.read_text():
+    to_start = to_update = None
+    first = None if until_start is None else until_start.parent / "step-000001" / "config.json"
+    while until_start is not None and process.poll() is None and to_update is None:
+        if to_start is None and until_start.is_file() and '"event": "start"' in until_start.read_text():
             to_start = time.monotonic() - started
-            break
-        time.sleep(0.05)
+        if first.is_file():  # written after the first update and its validation (eval_every=1)
+            to_update = time.monotonic() - started
+        time.sleep(0.02)
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"qkv {' '.join(args)} failed; see {log}")
     result = {"seconds": time.monotonic() - started, "peak_mb": usage.ru_maxrss / 1024}
     if to_start is not None:
-        result["to_start"] = to_start
+        result["to_start"], result["to_first_checkpoint"] = to_start, to_update
     return result
 
 
@@ -65,7 +69,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/qkv-scale", help="where the generated corpora and runs go")
     parser.add_argument("--out", required=True, help="where the table and the plot go")
     parser.add_argument("--sizes", default="1,10,100", help="repeats of Multi30k's 29,000 pairs")
-    parser.add_argument("--steps", type=int, default=30, help="updates of each training run")
+    parser.add_argument("--steps", type=int, default=5, help="updates of each training run (each validated on 100 pairs)")
     parser.add_argument("--text-up-to", type=int, default=100, help="also train on the text files up to this size")
     args = parser.parse_args()
     work, out = Path(args.work), Path(args.out)
@@ -86,7 +90,7 @@ def main() -> None:
             shutil.rmtree(prepared)
         prep = measured(["prepare", "--train-src", str(corpus["en"]), "--train-tgt", str(corpus["de"]), "--out", str(prepared),
                          "--keep-duplicates", "--no-progress"], log=work / f"x{size}.prepare.log")
-        common = ["--preset", "multi30k", "--max-steps", str(args.steps), "--train", "eval_every=1000", "tune_length_penalty=false",
+        common = ["--preset", "multi30k", "--max-steps", str(args.steps), "--train", "eval_every=1", "tune_length_penalty=false",
                   "--data", "valid_limit=100", "--no-progress"]
         row = {"size": size, "pairs": pairs, "prepare": prep, "pairs_per_s": pairs / prep["seconds"]}
         run = fresh(work / f"x{size}.run-prepared")
@@ -99,16 +103,15 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     (out / "prepared_scale.json").write_text(json.dumps(rows, indent=2) + "\n")
-    table = ["| pairs | prepare s | pairs/s | prepare peak MB | to first update, prepared s | text s | training peak MB, prepared | text |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    table = ["| pairs | prepare s | pairs/s | prepare peak MB | to start, prepared / text, s | to first checkpoint, prepared / text, s | training peak MB, prepared / text |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        text = r.get("train_text")
+        p, t = r["train_prepared"], r.get("train_text")
+        both = lambda key, f: f"{f(p[key])} / {f(t[key]) if t else '-'}"  # noqa: E731
         table.append(
             f"| {r['pairs']:,} | {r['prepare']['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['prepare']['peak_mb']:,.0f} | "
-            f"{r['train_prepared']['to_start']:.1f} | {text['to_start']:.1f} | {r['train_prepared']['peak_mb']:,.0f} | {text['peak_mb']:,.0f} |"
-            if text else
-            f"| {r['pairs']:,} | {r['prepare']['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['prepare']['peak_mb']:,.0f} | "
-            f"{r['train_prepared']['to_start']:.1f} | - | {r['train_prepared']['peak_mb']:,.0f} | - |"
+            f"{both('to_start', lambda v: f'{v:.1f}')} | {both('to_first_checkpoint', lambda v: f'{v:.1f}')} | "
+            f"{both('peak_mb', lambda v: f'{v:,.0f}')} |"
         )
     (out / "prepared_scale.md").write_text("\n".join(table) + "\n")
     _plot(rows, out / "prepared_scale.png")
@@ -126,10 +129,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     for key, label in (("train_prepared", "training, prepared"), ("train_text", "training, text files")):
         have = [r for r in rows if key in r]
         ax_mem.plot([r["pairs"] for r in have], [r[key]["peak_mb"] for r in have], "o-", label=label)
-        ax_time.plot([r["pairs"] for r in have], [r[key]["to_start"] for r in have], "o-", label=label)
+        ax_time.plot([r["pairs"] for r in have], [r[key]["to_first_checkpoint"] for r in have], "o-", label=label)
     ax_mem.plot(pairs, [r["prepare"]["peak_mb"] for r in rows], "s--", label="qkv prepare")
     ax_time.plot(pairs, [r["prepare"]["seconds"] for r in rows], "s--", label="qkv prepare (all of it)")
-    for ax, ylabel in ((ax_mem, "peak resident memory (MB)"), (ax_time, "seconds (training: to the first update)")):
+    for ax, ylabel in ((ax_mem, "peak resident memory (MB)"), (ax_time, "seconds (training: to the first checkpoint)")):
         ax.set(xscale="log", xlabel="training pairs", ylabel=ylabel)
         ax.legend()
     fig.tight_layout()

@@ -136,3 +136,23 @@ def test_qkv_train_takes_a_prepared_directory_as_its_data_dir(prepared, tmp_path
     refused = subprocess.run([sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--data-dir", str(prepared),
                               "--out", str(tmp_path / "run2"), "--data", "subword_dropout=0.1"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "subword_dropout applies to text corpora" in refused.stderr
+
+
+def test_torchrun_trains_two_ranks_on_a_prepared_directory(prepared, tmp_path):
+    """Both ranks map the same arrays and step on their shares; the run ends with a final/ that translates."""
+    import os
+
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "qkv", "train",
+         "--preset", "tiny", "--data-dir", str(prepared), "--out", str(run), "--max-steps", "6", "--train", "eval_every=3",
+         "tune_length_penalty=false", "--no-progress"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert log[0]["event"] == "start" and log[0]["world_size"] == 2 and log[0]["train_pairs"] == 500
+    assert [r["step"] for r in log if r["event"] == "valid"] == [3, 6]
+    translated = subprocess.run([sys.executable, "-m", "qkv", "translate", "--checkpoint", str(run), "--beam", "1"],
+                                input="9 mai 2017\n", capture_output=True, text=True, timeout=120)
+    assert translated.returncode == 0 and len(translated.stdout.splitlines()) == 1, translated.stderr
