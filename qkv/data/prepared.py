@@ -352,7 +352,8 @@ def is_prepared(path: str | Path | None) -> bool:
 
 
 def load_prepared(path: str | Path) -> Prepared:
-    """A prepared directory, its files' sizes checked against its manifest (the arrays are not read)."""
+    """A prepared directory: every file's size checked against its manifest, the files that are parsed
+    (tokenizer, validation text) also their SHA-256; the arrays are not read."""
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
@@ -364,6 +365,12 @@ def load_prepared(path: str | Path) -> Prepared:
     for name, entry in files.items():
         if "/" in name or name.startswith(".") or not (path / name).is_file() or (path / name).stat().st_size != entry["bytes"]:
             raise DataError(f"{path / name} is missing or not the size {MANIFEST} records: the directory is damaged")
+        # The small files are parsed: verify them first. The arrays are only mapped (hashing gigabytes at
+        # every start would cost what mapping saves); their sizes are checked above and against the offsets.
+        if not name.startswith("train.") and _sha256(path / name) != entry["sha256"]:
+            raise DataError(f"{path / name} fails its SHA-256 check against {MANIFEST}: the directory is damaged")
+    if TOKENIZER not in files:
+        raise DataError(f"{path / MANIFEST} does not list {TOKENIZER}: the directory is damaged")
     tokenizer = Tokenizer.load(path / TOKENIZER)
     valid = read_parallel(path / "valid.src.txt", path / "valid.tgt.txt")
     return Prepared(path, manifest, tokenizer, valid)

@@ -156,3 +156,20 @@ def test_torchrun_trains_two_ranks_on_a_prepared_directory(prepared, tmp_path):
     translated = subprocess.run([sys.executable, "-m", "qkv", "translate", "--checkpoint", str(run), "--beam", "1"],
                                 input="9 mai 2017\n", capture_output=True, text=True, timeout=120)
     assert translated.returncode == 0 and len(translated.stdout.splitlines()) == 1, translated.stderr
+
+
+def test_a_damaged_tokenizer_or_array_is_refused_before_it_is_parsed(prepared, tmp_path):
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(prepared, damaged)
+    data = bytearray((damaged / "tokenizer.model").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    (damaged / "tokenizer.model").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="tokenizer.model fails its SHA-256 check"):
+        load_prepared(damaged)
+    shutil.copy(prepared / "tokenizer.model", damaged / "tokenizer.model")
+    with open(damaged / "train.src.ids", "ab") as handle:
+        handle.write(b"\0\0")  # an array of another size than recorded
+    with pytest.raises(ValueError, match="train.src.ids is missing or not the size"):
+        load_prepared(damaged)
