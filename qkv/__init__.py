@@ -5,7 +5,7 @@ The package is layered; each layer imports only from itself and the layers befor
 
     qkv.errors                 the one base error, ``QkvError``
     qkv.model, qkv.data        the Transformer and its config; corpora and tokenizers
-    qkv.io                     checkpoints, output files, run directories
+    qkv.io                     checkpoints, prepared corpora, output files, run directories
     qkv.infer                  search, the Translator, workers, ensembles, scores, BLEU
     qkv.train, qkv.interop     training; Marian (OPUS-MT) and CTranslate2 formats
     qkv.inspect                attention step by step, pictures, traces, self-checks, the demo

@@ -75,7 +75,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.io.outputs import check_apart, read_dirs
     from qkv.io.runs import check_new_run, run_entries
     from qkv.train.stopping import StopRequested
-    from qkv.data.prepared import is_prepared
+    from qkv.io.prepared import is_prepared
     from qkv.io import checkpoint
     from qkv.model.devices import describe
     from qkv.train.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
@@ -213,7 +213,7 @@ def _prepare_args(p: argparse.ArgumentParser) -> None:
 
 @command("prepare", "encode a large parallel corpus once into memory-mapped arrays that qkv train --data-dir streams", _prepare_args)
 def prepare_command(args: argparse.Namespace) -> int:
-    from qkv.data.prepared import Filters, prepare
+    from qkv.io.prepared import Filters, prepare
 
     for name in ("vocab_size", "max_len", "sample"):
         if getattr(args, name) < 1:

@@ -90,7 +90,7 @@ def resolve(path: str | Path) -> Path:
     """
     path = Path(path)
     previous = _old(path)
-    if not path.exists() and _moved_aside(previous):
+    if not path.exists() and moved_aside(previous):
         warnings.warn(f"{path} is missing: using {previous}, the copy an interrupted save left", CheckpointWarning, stacklevel=2)
         return previous
     if not path.exists():
@@ -98,7 +98,7 @@ def resolve(path: str | Path) -> Path:
     if (path / CONFIG).exists() or (path / WEIGHTS).exists() or (path / MANIFEST).exists():
         return path
     for name in ("final", "best", "last"):
-        if (path / name / CONFIG).exists() or _moved_aside(_old(path / name)):
+        if (path / name / CONFIG).exists() or moved_aside(_old(path / name)):
             return resolve(path / name)
     raise CheckpointError(f"{path} is not a checkpoint directory (no {CONFIG} or {WEIGHTS} in it)")
 
@@ -115,9 +115,9 @@ def is_save_residue(path: Path) -> bool:
     return (path / MARKER).is_file() or not any(path.iterdir())
 
 
-def _moved_aside(old: Path) -> bool:
-    """True when ``old`` is a whole checkpoint that qkv moved aside during a save."""
-    return is_save_residue(old) and (old / MARKER).is_file() and (old / CONFIG).is_file()
+def moved_aside(old: Path) -> bool:
+    """True when ``old`` (a ``NAME.old/``) is a whole checkpoint that qkv moved aside during a save."""
+    return is_checkpoint_dir(old) and (old / MARKER).is_file() and (old / CONFIG).is_file()
 
 
 def _old(path: Path) -> Path:
@@ -313,7 +313,7 @@ def _publish(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     _fsync(final.parent)  # make the renames durable before the old copy goes
     (final / MARKER).unlink()  # it came with tmp; final is a plain checkpoint again
-    if _moved_aside(old):
+    if moved_aside(old):
         shutil.rmtree(old)  # never a user's NAME.old: that one has no marker
 
 

@@ -38,8 +38,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
     """What a command that reads ``checkpoints`` must not write into: each resolved checkpoint
-    directory and, where a run directory was given, every entry qkv wrote there (log, tokenizer,
-    checkpoints, ...). A checkpoint that does not resolve is left to the loading that follows."""
+    directory and, where a run directory was given, every path qkv writes there (log, tokenizer,
+    checkpoints, ...: ``runs.run_entries``). A checkpoint that does not resolve is left to the loading that follows."""
     from qkv.io import checkpoint
     from qkv.io import runs
 
@@ -54,7 +54,7 @@ def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
         protected.append(resolved)
         given = Path(given)
         if given.is_dir() and given.resolve() != resolved.resolve():  # a run directory
-            protected += [e for e in given.iterdir() if e.name in runs.QKV_FILES or runs.CHECKPOINT_DIR.fullmatch(e.name)]
+            protected += runs.run_entries(given)
     return protected
 
 

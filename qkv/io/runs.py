@@ -107,7 +107,7 @@ def check_new_run(out: Path, *, overwrite: bool) -> str | None:
     if not is_run(out):
         return f"--out {out} is not empty and holds no qkv run: choose a new or empty directory"
     if not overwrite:
-        if any((out / name / checkpoint.CONFIG).is_file() for name in ("last", "last.old")):
+        if (out / "last" / checkpoint.CONFIG).is_file() or checkpoint.moved_aside(out / "last.old"):  # what --resume loads
             return (
                 f"--out {out} already holds a run: continue it with qkv train --resume {out}, or start over "
                 "with --overwrite (deletes only what qkv wrote there)"

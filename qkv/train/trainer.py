@@ -38,7 +38,7 @@ from qkv.model import kernels
 from qkv.train import validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data.corpus import DataError, EncodedCorpus, collate, encode_corpus, token_batches
-from qkv.data.prepared import MappedSide, load_prepared
+from qkv.io.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
@@ -123,6 +123,11 @@ class Trainer:
                 raise DataError(f"{data.data_dir} was prepared with another tokenizer than --init-from's: prepare it with that one")
         elif prepared:  # the pairs were encoded with the prepared directory's tokenizer
             tokenizer, new_tokenizer = prepared.tokenizer, True
+            if main and not start_over and tokenizer_path.is_file() and tokenizer_path.read_bytes() != tokenizer.model_proto:
+                raise DataError(  # a resumed run's (its last/ copy): its weights belong to that vocabulary
+                    f"{data.data_dir} holds another tokenizer than the run {self.run_dir}: it was prepared again since; "
+                    "resume with the directory the run was trained on"
+                )
         elif main and (start_over or not tokenizer_path.exists()):
             with tempfile.TemporaryDirectory(prefix="qkv-tokenizer-") as aside:
                 texts = self.train_data.src + self.train_data.tgt

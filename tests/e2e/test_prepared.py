@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_train import RecordingTrainer, same_weights
 
-from qkv.data.prepared import Filters, MappedSide, load_prepared, prepare
+from qkv.io.prepared import Filters, MappedSide, load_prepared, prepare
 from qkv.data.tasks import date_pairs
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
@@ -173,3 +173,17 @@ def test_a_damaged_tokenizer_or_array_is_refused_before_it_is_parsed(prepared, t
         handle.write(b"\0\0")  # an array of another size than recorded
     with pytest.raises(ValueError, match="train.src.ids is missing or not the size"):
         load_prepared(damaged)
+
+
+def test_resume_refuses_a_directory_prepared_again_with_another_tokenizer(corpus, tmp_path):
+    src, tgt, _ = corpus
+    data_dir = tmp_path / "data"
+    prepare(src, tgt, data_dir, vocab_size=120, max_len=40, workers=1, filters=Filters(ratio=9), progress=False)
+    model, train, data = configs(data_dir, max_steps=2)
+    Trainer(tmp_path / "run", model, train, data).run(progress=False)
+    import shutil
+
+    shutil.rmtree(data_dir)  # prepared again, in its place, with another vocabulary
+    prepare(src, tgt, data_dir, vocab_size=100, max_len=40, workers=1, filters=Filters(ratio=9), progress=False)
+    with pytest.raises(ValueError, match="holds another tokenizer than the run"):
+        Trainer.resume(tmp_path / "run", max_steps=4)

@@ -42,6 +42,7 @@ import numpy as np
 
 from qkv.data.corpus import DataError, EncodedCorpus, ParallelCorpus, read_parallel, read_tsv
 from qkv.data.tokenizer import Tokenizer
+from qkv.io.checkpoint import sha256
 
 FORMAT_VERSION = 1
 MANIFEST, TOKENIZER, MARKER = "prepared.json", "tokenizer.model", ".qkv-save"
@@ -257,7 +258,7 @@ def prepare(
         (tmp / "valid.tgt.txt").write_text("".join(t + "\n" for t in valid.tgt), encoding="utf-8")
         if counts.kept == 0:
             raise DataError(f"every pair of {train_src} was dropped by a filter ({counts.dropped})")
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir()) if p.name != MARKER}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(tmp.iterdir()) if p.name != MARKER}
         manifest = {
             "format": FORMAT_VERSION, "vocab_size": tokenizer.vocab_size, "max_len": max_len, "dtype": dtype.name,
             "seed": seed, "sample": sample, "filters": asdict(filters), "counts": asdict(counts),
@@ -279,14 +280,6 @@ def _validation(pairs: Iterator[tuple[str, str]], held: int, valid_src, valid_tg
         return read_parallel(valid_src, valid_tgt) if valid_tgt else read_tsv(valid_src)
     rest = [(s, t) for s, t in pairs if s.strip() and t.strip()]
     return ParallelCorpus([s for s, _ in rest], [t for _, t in rest], held - len(rest), "held out")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---- reading a prepared directory (training) ---------------------------------------------------
@@ -367,7 +360,7 @@ def load_prepared(path: str | Path) -> Prepared:
             raise DataError(f"{path / name} is missing or not the size {MANIFEST} records: the directory is damaged")
         # The small files are parsed: verify them first. The arrays are only mapped (hashing gigabytes at
         # every start would cost what mapping saves); their sizes are checked above and against the offsets.
-        if not name.startswith("train.") and _sha256(path / name) != entry["sha256"]:
+        if not name.startswith("train.") and sha256(path / name) != entry["sha256"]:
             raise DataError(f"{path / name} fails its SHA-256 check against {MANIFEST}: the directory is damaged")
     if TOKENIZER not in files:
         raise DataError(f"{path / MANIFEST} does not list {TOKENIZER}: the directory is damaged")
