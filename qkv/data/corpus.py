@@ -277,15 +277,60 @@ def encode_corpus(
 # ---- batching --------------------------------------------------------------------------------
 
 
+class Batches(Sequence):
+    """An epoch's batches, compact: batch j is ``order[starts[j]:ends[j]]`` (example indices).
+
+    Lists of Python ints would cost about 36 bytes per example (a gigabyte at 29 million pairs); these
+    are three integer arrays. ``batches[j]`` is a list of ints, a slice a list of them, as before.
+    """
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.order, self.starts, self.ends = order, starts, ends
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        return self.order[self.starts[j] : self.ends[j]].tolist()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Batches({len(self)} batches of {len(self.order)} examples)"
+
+
+def _cut(widths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """(number of batches + 1,) where greedy cutting of ``widths`` (in order) starts each batch.
+
+    A batch starting at s takes examples while ``running max of widths * count <= max_tokens``; that
+    cost only grows, so the batch ends at the first example over it (or holds one example, alone over
+    budget). Every example is at least ``widths[s]`` wide, so a batch holds at most
+    ``max_tokens // widths[s]`` of them: each cut looks at no more than that many, in numpy.
+    """
+    n, s, bounds = len(widths), 0, [0]
+    while s < n:
+        end = min(n, s + max(1, max_tokens // int(widths[s])))
+        cost = np.maximum.accumulate(widths[s:end]) * np.arange(1, end - s + 1)
+        over = int(np.argmax(cost > max_tokens)) if cost[-1] > max_tokens else end - s
+        s += max(1, over)
+        bounds.append(s)
+    return np.asarray(bounds, dtype=np.int64)
+
+
 def token_batches(
-    src_lengths: Sequence[int],
-    tgt_lengths: Sequence[int],
+    src_lengths: Sequence[int] | np.ndarray,
+    tgt_lengths: Sequence[int] | np.ndarray,
     max_tokens: int,
     *,
     seed: int,
     epoch: int,
     shuffle: bool = True,
-) -> list[list[int]]:
+) -> Batches:
     """Group example indices into batches of similar length, each within a padded-token budget.
 
     Lengths are token counts without BOS/EOS. A batch's cost is its padded size,
@@ -296,6 +341,7 @@ def token_batches(
     the same pair gives the same batches, and every index appears exactly once.
 
     ``shuffle=False`` breaks ties by index and keeps the batches in length order (for evaluation).
+    Vectorised: a few seconds for 29 million pairs, in the memory of a few arrays of that length.
     """
     if len(src_lengths) != len(tgt_lengths):
         raise DataError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths")
@@ -305,32 +351,31 @@ def token_batches(
         raise DataError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
     src = np.asarray(src_lengths, dtype=np.int64)
     tgt = np.asarray(tgt_lengths, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
     if len(src) == 0:
-        return []
+        return Batches(empty, empty, empty)
     if (src < 0).any() or (tgt < 0).any():
         raise DataError("lengths must be >= 0")
 
     # A generator of our own, seeded from (seed, epoch): no global RNG (torch's or numpy's) is touched.
     rng = np.random.default_rng([seed, epoch])
-    tie_break = rng.permutation(len(src)) if shuffle else np.arange(len(src))
-    order = np.lexsort((tie_break, src, tgt))  # the last key sorts first: target, then source, then tie
-
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    width = 0  # the padded length of the current batch, max over its sources and targets (+1)
-    for i in order.tolist():
-        new_width = max(width, int(src[i]) + 1, int(tgt[i]) + 1)
-        if batch and new_width * (len(batch) + 1) > max_tokens:
-            batches.append(batch)
-            batch, new_width = [], max(int(src[i]) + 1, int(tgt[i]) + 1)
-        batch.append(i)
-        width = new_width
-    batches.append(batch)
-
+    # Sorted by (target, source, tie): a stable sort of one integer key over the examples taken in tie
+    # order (the same result as np.lexsort((tie, src, tgt)), 4x faster; a radix sort when the key fits
+    # 16 bits, as it does for lengths up to 255).
+    in_tie_order = np.arange(len(src))
+    if shuffle:  # example i's tie is tie[i]: taken in tie order, by the inverse permutation
+        in_tie_order[rng.permutation(len(src))] = np.arange(len(src))
+    key = tgt * (int(src.max()) + 1) + src
+    key = key.astype(np.uint16) if int(key.max()) < 1 << 16 else key
+    order = in_tie_order[np.argsort(key[in_tie_order], kind="stable")]
+    del in_tie_order, key
+    bounds = _cut(np.maximum(src[order], tgt[order]) + 1, max_tokens)  # widths in sorted order, +1 for EOS/BOS
+    starts, ends = bounds[:-1], bounds[1:]
     if shuffle:
         # Length-sorted order would feed all short batches first; shuffle whole batches instead.
-        batches = [batches[j] for j in rng.permutation(len(batches))]
-    return batches
+        perm = rng.permutation(len(starts))
+        starts, ends = starts[perm], ends[perm]
+    return Batches(order, starts, ends)
 
 
 def collate(

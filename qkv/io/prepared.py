@@ -1,6 +1,7 @@
 """Prepared corpora: parallel text encoded once into memory-mapped arrays, for corpora of millions of pairs.
 
-``qkv prepare`` reads the text (plain, ``.gz`` or ``.xz``; two files or one TSV) twice, streaming:
+``qkv prepare`` reads the text (plain, ``.gz`` or ``.xz``; two files or one TSV per corpus, one corpus
+or several) twice, streaming:
 first to draw a seeded sample of sentences and train the tokenizer on it, then to encode every pair
 in worker processes. A pair is kept unless a filter drops it (each counted, each switchable). The
 directory it writes holds
@@ -101,17 +102,24 @@ def read_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, s
         raise DataError(f"{error.filename} does not exist") from None
 
 
-def _sample(src: Path, tgt: Path | None, k: int, seed: int) -> tuple[list[str], int]:
-    """A seeded uniform sample of at most ``k`` pairs (reservoir sampling), as sentences of both sides; the pairs read."""
+def read_corpora(srcs: Sequence[Path], tgts: Sequence[Path] | None) -> Iterator[tuple[str, str]]:
+    """The pairs of several corpora, one after another: ``srcs[i]`` with ``tgts[i]``, or TSVs when ``tgts`` is None."""
+    for i, src in enumerate(srcs):
+        yield from read_pairs(src, tgts[i] if tgts else None)
+
+
+def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int) -> tuple[list[str], int]:
+    """A seeded uniform sample of at most ``k`` pairs (reservoir sampling), as the sample's sources then
+    its targets (the order ``qkv train`` gives its tokenizer the text files); the pairs read."""
     rng = random.Random(seed)
     reservoir: list[tuple[str, str]] = []
     n = 0
-    for n, pair in enumerate(read_pairs(src, tgt), 1):
+    for n, pair in enumerate(pairs, 1):
         if len(reservoir) < k:
             reservoir.append(pair)
         elif (j := rng.randrange(n)) < k:
             reservoir[j] = pair
-    return [s for pair in reservoir for s in pair], n
+    return [s for s, _ in reservoir] + [t for _, t in reservoir], n
 
 
 # ---- encoding in worker processes --------------------------------------------------------------
@@ -199,18 +207,26 @@ class PrepareSummary:
 
 
 def prepare(
-    train_src: str | Path, train_tgt: str | Path | None, out: str | Path, *,
+    train_src: str | Path | Sequence[str | Path], train_tgt: str | Path | Sequence[str | Path] | None, out: str | Path, *,
     valid_src: str | Path | None = None, valid_tgt: str | Path | None = None, vocab_size: int = 8000,
     max_len: int = 128, sample: int = 1_000_000, seed: int = 1, workers: int | None = None,
     filters: Filters = Filters(), progress: bool = True,
 ) -> PrepareSummary:
     """Write the prepared directory ``out`` (module docstring). ``out`` must not exist; a marked
     ``OUT.tmp/`` left by a killed run is deleted first. Without validation files, the last 5% of
-    the training pairs (at most 1,000) are held out, as ``qkv train`` does with text files."""
+    the training pairs (at most 1,000) are held out, as ``qkv train`` does with text files.
+
+    Several corpora: ``train_src`` a list of files and ``train_tgt`` a list as long (aligned file by
+    file), or None when every ``train_src`` is a TSV. They are read one after another, as one corpus."""
     from tqdm import tqdm
 
     started = time.monotonic()
     out = Path(out)
+    srcs = [Path(train_src)] if isinstance(train_src, (str, Path)) else [Path(f) for f in train_src]
+    tgts = None if train_tgt is None else [Path(train_tgt)] if isinstance(train_tgt, (str, Path)) else [Path(f) for f in train_tgt]
+    if not srcs or (tgts is not None and len(tgts) != len(srcs)):
+        raise DataError(f"{len(srcs)} source file(s) but {len(tgts or [])} target file(s): give one target file per source "
+                        "file, or none when every source file is a TSV")
     if out.exists() or out.is_symlink():
         raise DataError(f"--out {out} exists: prepare into a new directory")
     tmp = out.with_name(out.name + ".tmp")
@@ -221,10 +237,9 @@ def prepare(
     tmp.mkdir(parents=True)
     (tmp / MARKER).write_text("written by qkv prepare; safe to delete with this directory\n")
     try:
-        train_src, train_tgt = Path(train_src), (Path(train_tgt) if train_tgt else None)
-        sentences, total = _sample(train_src, train_tgt, sample, seed)
+        sentences, total = _sample(read_corpora(srcs, tgts), sample, seed)
         if total == 0:
-            raise DataError(f"{train_src} holds no pairs")
+            raise DataError(f"{', '.join(map(str, srcs))} hold(s) no pairs")
         held = 0 if valid_src else max(1, min(1000, total // 20))
         with tempfile.TemporaryDirectory(prefix="qkv-prepare-") as aside:
             tokenizer = Tokenizer.train(sentences, vocab_size, Path(aside) / TOKENIZER, seed=seed)
@@ -233,7 +248,7 @@ def prepare(
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
         sides = {name: _Side(tmp, f"train.{name}", dtype) for name in ("src", "tgt")}
         counts, seen = Counts(), set()
-        pairs = read_pairs(train_src, train_tgt)
+        pairs = read_corpora(srcs, tgts)
         training = itertools.islice(pairs, total - held)  # the rest of ``pairs`` is the held-out validation
         context = multiprocessing.get_context("fork")
         bar = tqdm(total=total - held, unit="pair", unit_scale=True, disable=not progress, desc="encoding")
@@ -257,12 +272,12 @@ def prepare(
         (tmp / "valid.src.txt").write_text("".join(s + "\n" for s in valid.src), encoding="utf-8")
         (tmp / "valid.tgt.txt").write_text("".join(t + "\n" for t in valid.tgt), encoding="utf-8")
         if counts.kept == 0:
-            raise DataError(f"every pair of {train_src} was dropped by a filter ({counts.dropped})")
+            raise DataError(f"every pair of {', '.join(map(str, srcs))} was dropped by a filter ({counts.dropped})")
         files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(tmp.iterdir()) if p.name != MARKER}
         manifest = {
             "format": FORMAT_VERSION, "vocab_size": tokenizer.vocab_size, "max_len": max_len, "dtype": dtype.name,
             "seed": seed, "sample": sample, "filters": asdict(filters), "counts": asdict(counts),
-            "valid_pairs": len(valid), "sources": [str(p) for p in (train_src, train_tgt, valid_src, valid_tgt) if p],
+            "valid_pairs": len(valid), "sources": [str(p) for p in (*srcs, *(tgts or []), valid_src, valid_tgt) if p],
             "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -17,7 +17,7 @@ import base64
 import gc
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -105,7 +105,7 @@ def shutdown(*, clean: bool = True) -> None:
 
 
 def step_share(
-    batches: list[list[int]], position: int, *, rank: int, world_size: int, accumulate: int
+    batches: Sequence[list[int]], position: int, *, rank: int, world_size: int, accumulate: int
 ) -> tuple[list[list[int]], int]:
     """This rank's micro-batches for the optimizer step that starts at ``batches[position]``, and how
     many of the epoch's batches that step uses on all ranks together.

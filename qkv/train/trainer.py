@@ -37,7 +37,7 @@ from qkv.train import distributed
 from qkv.model import kernels
 from qkv.train import validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
-from qkv.data.corpus import DataError, EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.data.corpus import Batches, DataError, EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.io.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
@@ -309,7 +309,7 @@ class Trainer:
             self._sampled = (epoch, encode_corpus(self.tokenizer, self.train_data, self.max_len, dropout=dropout, seed=seed))
         return self._sampled[1]
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> Batches:
         ids = self.epoch_ids(epoch)
         src_len = ids.src_ids.lengths() if isinstance(ids.src_ids, MappedSide) else [len(s) for s in ids.src_ids]
         tgt_len = ids.tgt_ids.lengths() if isinstance(ids.tgt_ids, MappedSide) else [len(t) for t in ids.tgt_ids]

@@ -9,9 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+from conftest import require_multi30k
 from test_train import RecordingTrainer, same_weights
 
 from qkv.io.prepared import Filters, MappedSide, load_prepared, prepare
@@ -187,3 +189,70 @@ def test_resume_refuses_a_directory_prepared_again_with_another_tokenizer(corpus
     prepare(src, tgt, data_dir, vocab_size=100, max_len=40, workers=1, filters=Filters(ratio=9), progress=False)
     with pytest.raises(ValueError, match="holds another tokenizer than the run"):
         Trainer.resume(tmp_path / "run", max_steps=4)
+
+
+def test_several_corpora_are_prepared_as_one_read_in_order(corpus, tmp_path):
+    _, _, pairs = corpus
+    files = {}
+    for name, part in (("a", pairs[:250]), ("b", pairs[250:400]), ("c", pairs[400:])):
+        for side, k in (("src", 0), ("tgt", 1)):
+            files[name, side] = tmp_path / f"{name}.{side}"
+            files[name, side].write_text("".join(p[k] + "\n" for p in part), encoding="utf-8")
+    whole_src, whole_tgt = tmp_path / "all.src", tmp_path / "all.tgt"
+    whole_src.write_text("".join(files[n, "src"].read_text() for n in "abc"), encoding="utf-8")
+    whole_tgt.write_text("".join(files[n, "tgt"].read_text() for n in "abc"), encoding="utf-8")
+    kwargs = dict(vocab_size=120, max_len=40, workers=1, progress=False)
+    prepare([files[n, "src"] for n in "abc"], [files[n, "tgt"] for n in "abc"], tmp_path / "three", **kwargs)
+    prepare(whole_src, whole_tgt, tmp_path / "one", **kwargs)
+    three, one = json.loads((tmp_path / "three" / "prepared.json").read_text()), json.loads((tmp_path / "one" / "prepared.json").read_text())
+    assert three["counts"] == one["counts"] and three["counts"]["read"] == 570
+    assert three["files"] == one["files"]  # every array and the tokenizer, byte for byte (SHA-256)
+    assert three["sources"][:3] == [str(files[n, "src"]) for n in "abc"]
+    refused = subprocess.run([sys.executable, "-m", "qkv", "prepare", "--train-src", str(files["a", "src"]), str(files["b", "src"]),
+                              "--train-tgt", str(files["a", "tgt"]), "--out", str(tmp_path / "no")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "2 source file(s) but 1 target file(s)" in refused.stderr
+    assert not (tmp_path / "no").exists()
+
+
+def test_prepared_without_filters_trains_exactly_as_the_text_files_do(corpus, tmp_path):
+    """The same pairs, tokenizer, batches and updates: a prepared corpus changes where the ids live, not the run."""
+    pairs = date_pairs(400, seed=11)
+    files = {}
+    for split, part in (("train", pairs[:360]), ("valid", pairs[360:])):
+        for side, k in (("src", 0), ("tgt", 1)):
+            files[split, side] = tmp_path / f"{split}.{side}"
+            files[split, side].write_text("".join(p[k] + "\n" for p in part), encoding="utf-8")
+    off = Filters(empty=True, too_long=False, ratio=0, duplicates=False, copies=False)  # the text path skips empty pairs too
+    prepare(files["train", "src"], files["train", "tgt"], tmp_path / "prep", valid_src=files["valid", "src"],
+            valid_tgt=files["valid", "tgt"], vocab_size=120, max_len=40, seed=7, workers=1, filters=off, progress=False)
+    train = {"threads": 1, "eval_every": 1000, "tune_length_penalty": False, "seed": 7, "max_steps": 12}
+    text_data = {"corpus": "files", "train_src": str(files["train", "src"]), "train_tgt": str(files["train", "tgt"]),
+                 "valid_src": str(files["valid", "src"]), "valid_tgt": str(files["valid", "tgt"]), "vocab_size": 120, "train_limit": 0}
+    runs = {}
+    for name, data in (("text", text_data), ("prepared", {"corpus": "prepared", "data_dir": str(tmp_path / "prep"), "train_limit": 0})):
+        runs[name] = RecordingTrainer(tmp_path / name, *build_configs("tiny", model={}, train=train, data=data))
+    assert runs["text"].tokenizer.model_proto == runs["prepared"].tokenizer.model_proto
+    assert list(runs["text"].batches(0)) == list(runs["prepared"].batches(0))
+    for run in runs.values():
+        run.run(progress=False)
+    assert runs["text"].losses == runs["prepared"].losses and len(runs["text"].losses) == 12
+    assert same_weights(runs["text"].model, runs["prepared"].model)
+
+
+def test_multi30k_prepared_without_filters_gives_the_multi30k_presets_own_run(tmp_path):
+    """Tokenizer, ids, validation pairs and batches all equal: with the same seed, the preset's run itself."""
+    data_dir = require_multi30k()
+    out = tmp_path / "m30k"
+    prepare(data_dir / "train.en.gz", data_dir / "train.de.gz", out, valid_src=data_dir / "val.en.gz", valid_tgt=data_dir / "val.de.gz",
+            workers=2, filters=Filters(too_long=False, ratio=0, duplicates=False, copies=False), progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the preset's held peak without --max-steps: beside the point here
+        text = Trainer(tmp_path / "text", *build_configs("multi30k", model={}, train={}, data={"data_dir": str(data_dir)}))
+        mapped = Trainer(tmp_path / "prepared", *build_configs("multi30k", model={}, train={}, data={"corpus": "prepared", "data_dir": str(out)}))
+    assert text.tokenizer.model_proto == mapped.tokenizer.model_proto
+    assert (text.valid_data.src, text.valid_data.tgt) == (mapped.valid_data.src, mapped.valid_data.tgt)
+    n = len(text.train_ids.src_ids)
+    assert n == len(mapped.train_ids.src_ids) == 29_000
+    for i in range(0, n, 97):
+        assert (text.train_ids.src_ids[i], text.train_ids.tgt_ids[i]) == (mapped.train_ids.src_ids[i], mapped.train_ids.tgt_ids[i])
+    assert list(text.batches(0)) == list(mapped.batches(0)) and list(text.batches(5)) == list(mapped.batches(5))

@@ -336,6 +336,43 @@ def test_unshuffled_batches_are_in_length_order():
     assert token_batches(src, tgt, 600, seed=9, epoch=9, shuffle=False) == batches
 
 
+def greedy_reference(src, tgt, max_tokens, *, seed, epoch, shuffle=True):
+    """The batching rule written as the plain loop it is (the library cuts in numpy): sort by
+    (target, source, random tie), add examples while the padded size fits, shuffle the batches."""
+    rng = np.random.default_rng([seed, epoch])
+    tie = rng.permutation(len(src)) if shuffle else np.arange(len(src))
+    batches, batch, width = [], [], 0
+    for i in sorted(range(len(src)), key=lambda i: (tgt[i], src[i], tie[i])):
+        new_width = max(width, src[i] + 1, tgt[i] + 1)
+        if batch and new_width * (len(batch) + 1) > max_tokens:
+            batches.append(batch)
+            batch, new_width = [], max(src[i] + 1, tgt[i] + 1)
+        batch.append(i)
+        width = new_width
+    batches.append(batch)
+    return [batches[j] for j in rng.permutation(len(batches))] if shuffle else batches
+
+
+@pytest.mark.parametrize("longest", [80, 400])  # keys of 16 bits (radix sort) and wider
+def test_batches_are_exactly_the_greedy_rule(longest):
+    rng = np.random.default_rng(longest)
+    for trial in range(12):
+        n = int(rng.integers(1, 1500))
+        src, tgt = rng.integers(0, longest, n).tolist(), rng.integers(0, longest, n).tolist()
+        max_tokens = int(rng.integers(1, 2500))
+        for shuffle in (True, False):
+            expected = greedy_reference(src, tgt, max_tokens, seed=trial, epoch=3, shuffle=shuffle)
+            assert list(token_batches(src, tgt, max_tokens, seed=trial, epoch=3, shuffle=shuffle)) == expected
+
+
+def test_batches_are_compact_and_read_as_lists():
+    src, tgt = multi30k_like_lengths(3000)
+    batches = token_batches(np.asarray(src), np.asarray(tgt), 700, seed=1, epoch=0)
+    assert all(type(i) is int for i in batches[0])
+    assert batches[1:4] == [batches[1], batches[2], batches[3]]
+    assert batches.order.nbytes == 8 * 3000  # one int64 per example, not a Python list of ints
+
+
 def test_batching_edge_cases():
     assert token_batches([], [], 100, seed=0, epoch=0) == []
     with pytest.raises(DataError, match="3 source lengths but 2 target lengths"):
