@@ -51,11 +51,12 @@ def int_at_most(high: Callable[[], int], why: str) -> type[argparse.Action]:
 
 def decode_args(
     p: argparse.ArgumentParser, *, ensemble: bool = False,
-    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)",
+    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)", flag: str = "--checkpoint",
 ) -> None:
-    """The search's flags; ``batch_tokens``: the help of --batch-tokens, or None for a command without batches."""
+    """The search's flags; ``batch_tokens``: the help of --batch-tokens, or None for a command without batches;
+    ``flag``: the name of the checkpoint flag (its value is ``args.checkpoint`` whatever the name)."""
     if ensemble:
-        p.add_argument("--checkpoint", required=True, action="append",
+        p.add_argument(flag, dest="checkpoint", required=True, action="append",
                        help="checkpoint directory (or a run directory: uses its final/); give it again to translate with an ensemble")
     else:
         p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/)")

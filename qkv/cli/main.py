@@ -14,6 +14,7 @@ import warnings
 
 # Each module registers its commands; `qkv --help` lists them in ORDER.
 from qkv.cli import decode as cli_decode
+from qkv.cli import distill as cli_distill
 from qkv.cli import inspect as cli_inspect
 from qkv.cli import interop as cli_interop
 from qkv.cli import serve as cli_serve
@@ -21,7 +22,7 @@ from qkv.cli import train as cli_train  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
-ORDER = ("doctor", "prepare", "train", "translate", "evaluate", "average", "serve", "export", "import",
+ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 

@@ -150,6 +150,14 @@ TRAIN_PRESETS: dict[str, Preset] = {
         DataConfig(vocab_size=8000),
         model_overrides=(("norm_first", True), ("dropout", 0.3)),
     ),
+    # A student for CPU decoding (qkv distill): the multi30k recipe with one decoder layer instead of
+    # four. The decoder runs once per output token and beam, the encoder once per sentence.
+    "multi30k-student": Preset(
+        "transformer-tiny",
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
+        DataConfig(vocab_size=8000),
+        model_overrides=(("norm_first", True), ("dropout", 0.3), ("n_decoder_layers", 1)),
+    ),
 }
 
 
