@@ -4,6 +4,7 @@ trains on its translations, and a report puts the two side by side (``qkv.train.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -44,12 +45,14 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
 
 @command("distill", "train a student on a teacher's translations (sequence-level knowledge distillation)", _distill_args)
 def distill(args: argparse.Namespace) -> int:
+    import torch
+
     from qkv.data.corpus import load_multi30k, multi30k_dir, read_lines, read_parallel
     from qkv.infer.search import DecodeConfig
     from qkv.infer.translator import Translator
     from qkv.io import checkpoint
-    from qkv.io.runs import is_run
-    from qkv.model.devices import resolve_device
+    from qkv.io.runs import check_new_run
+    from qkv.model.quantize import int8_model
     from qkv.train import distill as lib
     from qkv.train.recipes import build_configs, parse_overrides
     from qkv.train.stopping import StopRequested
@@ -57,17 +60,24 @@ def distill(args: argparse.Namespace) -> int:
 
     if args.part_size < 1:
         raise QkvError(f"--part-size must be at least 1, got {args.part_size}")
-    if args.mix_original and args.train_src and not args.train_tgt:
-        raise QkvError("--mix-original needs the original targets: give --train-tgt")
-    if args.train_src and not (args.valid_src and args.valid_tgt):
-        raise QkvError("with --train-src, give --valid-src and --valid-tgt: the student is validated on real references")
+    if args.train_src:
+        if args.mix_original and not args.train_tgt:
+            raise QkvError("--mix-original needs the original targets: give --train-tgt")
+        if not (args.valid_src and args.valid_tgt):
+            raise QkvError("with --train-src, give --valid-src and --valid-tgt: the student is validated on real references")
+    else:
+        given = [flag for flag, value in (("--train-tgt", args.train_tgt), ("--valid-src", args.valid_src), ("--valid-tgt", args.valid_tgt)) if value]
+        if given:
+            raise QkvError(f"{', '.join(given)} go with --train-src (without it the data is Multi30k's)")
     if bool(args.test_src) != bool(args.test_tgt):
         raise QkvError("give both --test-src and --test-tgt")
-    teachers = [checkpoint.resolve(path) for path in args.checkpoint]
     out = Path(args.out)
-    for teacher in teachers:  # the student's directory must not hold (or sit in) what the command reads
-        if out.resolve() == teacher.resolve() or out.resolve() in teacher.resolve().parents or teacher.resolve() in out.resolve().parents:
-            raise QkvError(f"--out {out} overlaps the teacher {teacher}: choose a directory apart from it")
+    teachers = [checkpoint.resolve(path) for path in args.checkpoint]
+    for named, teacher in zip(args.checkpoint, teachers):  # the directory must not hold, or sit in, what the command reads
+        for path in {Path(named).resolve(), teacher.resolve()}:
+            if out.resolve() == path or out.resolve() in path.parents or path in out.resolve().parents:
+                raise QkvError(f"--out {out} overlaps the teacher {named}: choose a directory apart from it")
+    lib.refuse_foreign(out)  # before anything is loaded or read
     model, tokenizer = decoding_model(args)  # teachers with different tokenizers: one line, before any work
     data = checkpoint.read_config(teachers[0]).get("data", {})
     src_lang, tgt_lang = args.src or data.get("src_lang", "en"), args.tgt or data.get("tgt_lang", "de")
@@ -101,57 +111,67 @@ def distill(args: argparse.Namespace) -> int:
         if value is not None:
             student_train[key] = value
     student_data = {**parse_overrides(args.data), "src_lang": src_lang, "tgt_lang": tgt_lang}
+    student_model = parse_overrides(args.model)
+    build_configs(args.preset, model=student_model, train=student_train, data=student_data)  # a bad key: now
     settings = {
-        "qkv_distill": 1, **lib.fingerprint(teachers, sources), "decode": asdict(search), "int8": args.int8, "part_size": args.part_size,
+        "qkv_distill": 1, "decode": asdict(search), "int8": args.int8, "device": str(model.device), "part_size": args.part_size,
+        **lib.fingerprint(teachers, sources, originals=originals if args.mix_original else None,
+                          valid=[*sets["valid"].src, *sets["valid"].tgt], test=[*sets["test"].src, *sets["test"].tgt] if "test" in sets else None),
         "filtering": asdict(filtering),
-        "student": {"preset": args.preset, "model": parse_overrides(args.model), "train": student_train, "data": student_data},
+        "student": {"preset": args.preset, "model": student_model, "data": student_data,
+                    "train": {k: v for k, v in student_train.items() if k != "threads"}},  # threads change no result
     }
-    build_configs(args.preset, model=settings["student"]["model"], train=student_train, data=student_data)  # a bad key: now
     if lib.open_directory(out, settings) and (out / lib.REPORT).is_file():
         print((out / "report.md").read_text(encoding="utf-8"), end="")
         print(f"(this distillation is complete: {out / lib.REPORT})")
         return 0
+    measured = {"device": str(model.device), "int8": args.int8, "workers": args.workers, "threads": torch.get_num_threads()}
+    teacher_parameters = sum(checkpoint.load(t).model.num_parameters() for t in teachers)  # as saved: int8 packs the linear layers
 
     progress = not args.no_progress
     with Translator(model, tokenizer, search, max_tokens=args.batch_tokens, workers=args.workers) as teacher:
-        print(f"translating {len(sources):,} sources with {' + '.join(map(str, teachers))} (beam {search.beam_size}) -> {out / lib.PARTS}",
+        print(f"translating {len(sources):,} sources with {' + '.join(args.checkpoint)} (beam {search.beam_size}) -> {out / lib.PARTS}",
               file=sys.stderr)
         translations = lib.translate_sources(out, sources, teacher, part_size=args.part_size, progress=progress)
     corpus = lib.student_corpus(out, sources, translations, originals=originals, filtering=filtering)
+    del sources, originals, translations  # the student reads its two files
 
     run = out / lib.STUDENT
-    try:
-        if (run / "last" / checkpoint.CONFIG).is_file():
-            trainer = Trainer.resume(run, device=resolve_device(args.device))
-        else:  # new, or killed before its first checkpoint (qkv made the whole directory: start it over)
-            configs = build_configs(args.preset, model=settings["student"]["model"], train=student_train, data={
-                **student_data, "corpus": "files", "train_src": str(corpus.src), "train_tgt": str(corpus.tgt),
-                "valid_src": valid_files[0], "valid_tgt": valid_files[1],
-            })
-            trainer = Trainer(run, *configs, start_over=is_run(run), device=resolve_device(args.device))
-        print(f"training the student ({trainer.model.num_parameters():,} parameters) on {corpus.distilled:,} distilled and "
-              f"{corpus.original:,} original pairs -> {run}", file=sys.stderr)
-        trainer.run(progress=progress)
-    except StopRequested as stop:
-        print(f"interrupted ({stop}): continue with the same qkv distill command", file=sys.stderr)
-        return stop.exit_status
+    if not (out / lib.TRAINED).is_file():
+        try:
+            if (run / "last" / checkpoint.CONFIG).is_file() or checkpoint.moved_aside(run / "last.old"):
+                trainer = Trainer.resume(run, device=model.device)
+            else:  # new, or killed before its first checkpoint: only what qkv wrote there is deleted
+                if problem := check_new_run(run, overwrite=True):
+                    raise QkvError(problem)
+                configs = build_configs(args.preset, model=student_model, train=student_train, data={
+                    **student_data, "corpus": "files", "train_src": str(corpus.src), "train_tgt": str(corpus.tgt),
+                    "valid_src": valid_files[0], "valid_tgt": valid_files[1],
+                })
+                trainer = Trainer(run, *configs, start_over=run.is_dir(), device=model.device)
+            print(f"training the student ({trainer.model.num_parameters():,} parameters) on {corpus.distilled:,} distilled and "
+                  f"{corpus.original:,} original pairs -> {run}", file=sys.stderr)
+            result = trainer.run(progress=progress)
+        except StopRequested as stop:
+            print(f"interrupted ({stop}): continue with the same qkv distill command", file=sys.stderr)
+            return stop.exit_status
+        lib._write_atomically(out / lib.TRAINED, json.dumps({"step": result.step, "stopped_because": result.stopped_because}) + "\n")
+        del trainer
 
     rows = {}
-    student_search = DecodeConfig(**{**asdict(search), **checkpoint.decode_defaults(checkpoint.read_config(run / "final"))})
-    for name, (m, tok, config) in {
-        "teacher" + (f" (ensemble of {len(teachers)})" if len(teachers) > 1 else ""): (model, tokenizer, search),
-        "student": (*_load(run / "final"), student_search),
-    }.items():
+    student = checkpoint.load(run / "final", device=model.device)
+    alpha = search.length_penalty if args.length_penalty is not None else \
+        checkpoint.decode_defaults(student.config).get("length_penalty", DecodeConfig.length_penalty)  # the student's own choice
+    models = {
+        "teacher" + (f" (ensemble of {len(teachers)})" if len(teachers) > 1 else ""): (model, tokenizer, search, teacher_parameters),
+        "student": (int8_model(student.model) if args.int8 else student.model, student.tokenizer,
+                    DecodeConfig(**{**asdict(search), "length_penalty": alpha}), student.model.num_parameters()),
+    }
+    for name, (m, tok, config, parameters) in models.items():
+        rows[name] = {"parameters": parameters, "length_penalty": config.length_penalty}
         with Translator(m, tok, config, max_tokens=args.batch_tokens, workers=args.workers) as translator:
-            rows[name] = {"parameters": sum(p.numel() for p in m.parameters())}
             for set_name, corpus_set in sets.items():
                 rows[name][set_name] = lib.measure(translator, corpus_set.src, corpus_set.tgt)
-    print(lib.write_report(out, rows, corpus, settings), end="")
+    print(lib.write_report(out, rows, corpus, settings, measured), end="")
     return 0
 
-
-def _load(path: Path):
-    from qkv.io import checkpoint
-
-    loaded = checkpoint.load(path)
-    return loaded.model, loaded.tokenizer

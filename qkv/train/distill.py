@@ -31,14 +31,14 @@ from qkv.infer.translator import Translator
 from qkv.io.checkpoint import sha256
 
 MARKER, REPORT = "qkv-distill.json", "report.json"
-PARTS, STUDENT = "distilled", "student"
+PARTS, STUDENT, TRAINED = "distilled", "student", "student.json"
 
 
 @dataclass(frozen=True)
 class Filtering:
     """What the student trains on, from the teacher's translations."""
 
-    min_score: float | None = None  # drop pairs whose translation scored below this (length-normalised log-probability)
+    min_score: float | None = None  # drop pairs whose translation scored below this (the beam's ranking key, below)
     mix_original: bool = False  # also train on the original (source, reference) pairs
 
 
@@ -54,25 +54,41 @@ class Corpus:
     original: int
 
 
-def fingerprint(teachers: Sequence[Path], sources: Sequence[str]) -> dict[str, Any]:
-    """What the translations depend on besides the search settings: each teacher's weights and the sources."""
+def lines_sha256(lines: Sequence[str] | None) -> str | None:
     import hashlib
 
+    if lines is None:
+        return None
     digest = hashlib.sha256()
-    for line in sources:
+    for line in lines:
         digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def fingerprint(teachers: Sequence[Path], sources: Sequence[str], **sets: Sequence[str] | None) -> dict[str, Any]:
+    """What the results depend on besides the settings: each teacher's weights (not the path it was
+    named by), the sources, and the other sets' text (original targets, validation, test)."""
     return {
-        "teachers": [{"path": str(t), "weights_sha256": sha256(t / "model.safetensors")} for t in teachers],
-        "sources": len(sources), "sources_sha256": digest.hexdigest(),
+        "teachers_sha256": [sha256(t / "model.safetensors") for t in teachers],
+        "sources": len(sources), "sources_sha256": lines_sha256(sources),
+        **{f"{name}_sha256": lines_sha256(lines) for name, lines in sets.items()},
     }
+
+
+def refuse_foreign(out: Path) -> None:
+    """The cheap half of ``open_directory``'s checks, before any data is read: a file, or a
+    non-empty directory that is not a distillation, is refused."""
+    if out.exists() and not out.is_dir():
+        raise QkvError(f"--out {out} is a file, not a directory")
+    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
+        raise QkvError(f"--out {out} is not empty and holds no qkv distillation: choose a new or empty directory")
 
 
 def open_directory(out: Path, settings: dict[str, Any]) -> bool:
     """Make ``out`` a distillation directory with ``settings``, or check that it is one with the same
     settings (a run to continue); True when it continues. Anything else there is refused, untouched."""
     marker = out / MARKER
-    if out.exists() and not out.is_dir():
-        raise QkvError(f"--out {out} is a file, not a directory")
+    refuse_foreign(out)
     if marker.is_file():
         try:
             saved = json.loads(marker.read_text(encoding="utf-8"))
@@ -85,21 +101,26 @@ def open_directory(out: Path, settings: dict[str, Any]) -> bool:
                 "that started it again to continue it, or choose a new --out"
             )
         return True
-    if out.is_dir() and any(out.iterdir()):
-        raise QkvError(f"--out {out} is not empty and holds no qkv distillation: choose a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     _write_atomically(marker, json.dumps(settings, indent=2) + "\n")
     return False
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or is as it was (a temporary file beside it, then a rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """``path`` holds ``text`` whole, or is as it was: a new temporary file beside it (never one that
+    is there already, nor through a symlink), renamed into place, or removed if anything fails."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def translate_sources(
@@ -166,7 +187,9 @@ def student_corpus(
 
 
 def measure(translator: Translator, sources: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """BLEU, chrF and sentences/s of ``translator`` on one set."""
+    """BLEU, chrF and sentences/s of ``translator`` on one set, timed after a warm-up on its first
+    sentences (which starts the decoding workers, if any, and warms the allocator)."""
+    translator.translate(list(sources[:64]))
     started = time.perf_counter()
     hypotheses = translator.translate(list(sources))
     seconds = time.perf_counter() - started
@@ -174,20 +197,25 @@ def measure(translator: Translator, sources: Sequence[str], references: Sequence
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 1)}
 
 
-def write_report(out: Path, rows: dict[str, dict[str, Any]], corpus: Corpus, settings: dict[str, Any]) -> str:
+def write_report(out: Path, rows: dict[str, dict[str, Any]], corpus: Corpus, settings: dict[str, Any], how: dict[str, Any]) -> str:
     """``report.json`` and ``report.md``: one row per model (teacher, student) and set; returns the table."""
     sets = [name for name in ("valid", "test") if all(name in row for row in rows.values())]
     lines = [
-        "| model | parameters | " + " | ".join(f"{s} BLEU | {s} chrF | {s} sentences/s" for s in sets) + " |",
-        "|---|---:|" + "---:|" * (3 * len(sets)),
+        "| model | parameters | length penalty | " + " | ".join(f"{s} BLEU | {s} chrF | {s} sentences/s" for s in sets) + " |",
+        "|---|---:|---:|" + "---:|" * (3 * len(sets)),
     ]
     for name, row in rows.items():
         cells = [f"{row[s]['bleu']:.2f} | {row[s]['chrf']:.2f} | {row[s]['sentences_per_s']:,.1f}" for s in sets]
-        lines.append(f"| {name} | {row['parameters']:,} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {row['parameters']:,} | {row['length_penalty']} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
-    counts = (f"Student trained on {corpus.distilled:,} distilled pairs ({corpus.dropped_score:,} dropped by --min-score, "
-              f"{corpus.dropped_empty:,} empty) and {corpus.original:,} original pairs. Beam {settings['decode']['beam_size']}.\n")
-    _write_atomically(out / REPORT, json.dumps({"models": rows, "corpus": asdict(corpus) | {"src": str(corpus.src), "tgt": str(corpus.tgt)}},
+    notes = (f"Student trained on {corpus.distilled:,} distilled pairs ({corpus.dropped_score:,} dropped by --min-score, "
+             f"{corpus.dropped_empty:,} empty) and {corpus.original:,} original pairs. Both models decoded at beam "
+             f"{settings['decode']['beam_size']} on {how['device']}{', int8' if how['int8'] else ''}, {how['workers']} worker(s), "
+             f"{how['threads']} thread(s), one after the other in one process, each timed after a warm-up; an ensemble's "
+             "parameters are its members' together.\n")
+    # report.md first: report.json is what says the distillation is complete.
+    _write_atomically(out / "report.md", table + "\n" + notes)
+    _write_atomically(out / REPORT, json.dumps({"models": rows, "measured": how,
+                                                "corpus": asdict(corpus) | {"src": str(corpus.src), "tgt": str(corpus.tgt)}},
                                                indent=2) + "\n")
-    _write_atomically(out / "report.md", table + "\n" + counts)
-    return table + counts
+    return table + notes

@@ -5,6 +5,7 @@ and bad inputs are one line before any work."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from qkv.cli.main import main
+from qkv.io import checkpoint
 from qkv.data.tasks import date_pairs
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
@@ -81,14 +83,47 @@ def test_the_students_corpus_is_the_ensembles_qkv_translate_output(dates, teache
     assert len(parts) == 7  # 400 sources in parts of 64
 
 
-def test_the_report_puts_teacher_and_student_side_by_side(distilled):
+def test_the_report_puts_teacher_and_student_side_by_side(teacher, distilled):
     report = json.loads((distilled / "report.json").read_text())
     assert set(report["models"]) == {"teacher (ensemble of 2)", "student"}
     for row in report["models"].values():
-        assert set(row) == {"parameters", "valid", "test"} and 0 <= row["test"]["bleu"] <= 100 and row["test"]["sentences_per_s"] > 0
+        assert set(row) == {"parameters", "length_penalty", "valid", "test"}
+        assert 0 <= row["test"]["bleu"] <= 100 and row["test"]["sentences_per_s"] > 0
+    single = checkpoint.load(teacher / "final").model.num_parameters()
+    assert report["models"]["teacher (ensemble of 2)"]["parameters"] == 2 * single
+    assert report["models"]["student"]["parameters"] == checkpoint.load(distilled / "student" / "final").model.num_parameters()
     assert report["corpus"]["distilled"] + report["corpus"]["dropped_empty"] == 400 and report["corpus"]["original"] == 0
-    assert (distilled / "student" / "final" / "model.safetensors").is_file()
-    assert "| student |" in (distilled / "report.md").read_text()
+    assert report["measured"]["device"] == "cpu" and report["measured"]["workers"] == 1
+    markdown = (distilled / "report.md").read_text()
+    assert f"| student | {report['models']['student']['parameters']:,} |" in markdown
+    assert not [p for p in distilled.rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
+
+
+def test_min_score_drops_low_scored_pairs_and_mix_original_appends_the_originals(dates, teacher, distilled, tmp_path):
+    rows = [line.rsplit("\t", 1) for part in sorted((distilled / "distilled").glob("part-*.tsv"))
+            for line in part.read_text(encoding="utf-8").splitlines()]
+    texts, scores = [text for text, _ in rows], [float(value) for _, value in rows]
+    threshold = sorted(scores)[len(scores) // 2]
+    out = tmp_path / "mixed"
+    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out, "--min-score", str(threshold), "--mix-original")) == 0
+    corpus = json.loads((out / "report.json").read_text())["corpus"]
+    assert corpus["dropped_score"] == sum(v < threshold for v in scores) > 0
+    assert corpus["original"] == 400 and corpus["distilled"] == 400 - corpus["dropped_score"] - corpus["dropped_empty"]
+    sources = dates["train_src"].read_text(encoding="utf-8").splitlines()
+    kept = [(s, t) for s, t, v in zip(sources, texts, scores) if v >= threshold and t.strip()]
+    originals = list(zip(sources, dates["train_tgt"].read_text(encoding="utf-8").splitlines()))
+    pairs = list(zip((out / "distilled" / "train.src").read_text().splitlines(), (out / "distilled" / "train.tgt").read_text().splitlines()))
+    assert pairs == kept + originals
+
+
+def test_a_distillation_killed_after_training_writes_its_report_again_without_training(dates, teacher, distilled, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(distilled, out)
+    (out / "report.json").unlink()  # killed between report.md and report.json
+    final = {p: p.stat().st_mtime_ns for p in (out / "student").rglob("*") if p.is_file()}
+    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out)) == 0
+    assert (out / "report.json").is_file()
+    assert {p: p.stat().st_mtime_ns for p in (out / "student").rglob("*") if p.is_file()} == final  # not trained again
 
 
 def test_the_same_command_again_reports_a_complete_distillation_without_work(dates, teacher, distilled, capsys):
@@ -109,17 +144,24 @@ def test_a_distillation_killed_in_translation_and_in_training_ends_with_an_unint
     out = tmp_path / "d"
     command = [sys.executable, "-m", "qkv", *distill_args(dates, [teacher / "step-000100", teacher / "final"], out)]
     first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    wait_for(out / "distilled" / "part-000001.tsv", first)  # in the middle of the translation
+    wait_for(out / "distilled" / "part-000000.tsv", first)  # in the translation
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert not (out / "distilled" / "part-000006.tsv").exists()
+    part = out / "distilled" / "part-000000.tsv"
+    written = (part.stat().st_ino, part.stat().st_mtime_ns)
     second = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     wait_for(out / "student" / "last" / "config.json", second)  # the student's first checkpoint (step 3 of 6)
     second.send_signal(signal.SIGKILL)
     second.wait()
     assert not (out / "report.json").exists()
+    # As a kill between a save's two renames leaves it: last/ moved aside, marked as qkv's.
+    (out / "student" / "last").rename(out / "student" / "last.old")
+    (out / "student" / "last.old" / ".qkv-save").write_text("written by qkv\n")
     third = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stderr
+    assert (part.stat().st_ino, part.stat().st_mtime_ns) == written  # a finished part is read, not translated again
+    starts = [json.loads(line) for line in (out / "student" / "log.jsonl").read_text().splitlines() if '"start"' in line]
+    assert len(starts) == 2 and starts[1]["step"] >= 3  # the student resumed from its checkpoint, not from scratch
     for name in ("train.src", "train.tgt", *(p.name for p in (distilled / "distilled").glob("part-*.tsv"))):
         assert (out / "distilled" / name).read_bytes() == (distilled / "distilled" / name).read_bytes(), name
     ours, theirs = load_file(out / "student" / "final" / "model.safetensors"), load_file(distilled / "student" / "final" / "model.safetensors")
@@ -131,6 +173,7 @@ def test_bad_inputs_are_one_line_before_any_work(dates, teacher, distilled, rand
         assert main(args) == 2
         assert message in capsys.readouterr().err
 
+    teacher_files = {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file()}
     out = tmp_path / "new"
     refused(distill_args(dates, [teacher / "final", random_checkpoint], out), "different tokenizers")
     assert not out.exists()
@@ -146,4 +189,8 @@ def test_bad_inputs_are_one_line_before_any_work(dates, teacher, distilled, rand
     before = (distilled / "qkv-distill.json").read_text()
     refused(distill_args(dates, [teacher / "step-000100", teacher / "final"], distilled, "--min-score", "-1"), "other settings (filtering)")
     refused(distill_args(dates, [teacher / "final"], teacher / "final" / "d"), "overlaps the teacher")
+    refused(distill_args(dates, [teacher], teacher / "d"), "overlaps the teacher")  # the run named, final/ resolved
     assert (distilled / "qkv-distill.json").read_text() == before
+    assert {p: p.read_bytes() for p in teacher.rglob("*") if p.is_file()} == teacher_files
+    multi30k = [a for a in distill_args(dates, [teacher / "final"], out) if a not in ("--train-src", str(dates["train_src"]))]
+    refused(multi30k, "go with --train-src")

@@ -1,0 +1,136 @@
+"""(b, real batches) Training speed of the ``multi30k`` preset on the stream of batches a run really
+draws, each sample in a fresh process.
+
+Benchmark (b) (``benchmarks.preset_training``) times the same few batches again and again, so every
+cache keyed by a shape (oneDNN's kernels, the allocator's free lists) is warm at every timed step.
+A run meets a new batch shape at almost every step. Here each sample is one new process that builds
+the preset's trainer (the same initial weights, a tokenizer trained once and shared), trains on the
+epoch's first ``--warmup`` batches untimed, then on the next ``--stream`` batches once, in the order
+the run draws them, timed. Rows (the paths of ``benchmarks.preset_training.ROWS``) are interleaved:
+repeat 1 runs every row once, then repeat 2, ...; the table gives the median and the spread
+(min-max) of target tokens/s, and the ms per step of the stream's first and second halves (a cost
+that grows with the shapes already seen shows as a slower second half).
+
+    python -m benchmarks.real_batches --data ../shared/data/multi30k --out DIR --rows today,all,all_mkl,bf16
+
+writes ``DIR/real_batches.md`` and ``DIR/real_batches.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One sample: a fresh trainer, ``warmup`` batches untimed, ``stream`` batches timed once."""
+    import torch
+
+    from benchmarks.preset_training import ROWS, _configure
+    from benchmarks.probe import throwaway_trainer
+    from qkv.train.recipes import build_configs
+
+    flags = {key: f for key, _, f in ROWS}[args.child]
+    model_cfg, train_cfg, data_cfg = build_configs("multi30k", model={}, train={"tune_allocator": False},
+                                                   data={"data_dir": args.data, "valid_limit": 20})
+    trainer = throwaway_trainer(model_cfg, train_cfg, data_cfg, tokenizer=Path(args.tokenizer))
+    initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    _configure(trainer, train_cfg, flags, initial)
+    batches = trainer.batches(0)
+    warm, stream = batches[: args.warmup], batches[args.warmup : args.warmup + args.stream]
+    ids = trainer.train_ids
+    tokens = sum(len(ids.tgt_ids[i]) + 1 for b in stream for i in b)
+    shapes = len({(len(b), max(len(ids.src_ids[i]) for i in b), max(len(ids.tgt_ids[i]) for i in b)) for b in stream})
+    for batch in warm:
+        trainer.train_step([batch])
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times = []
+    for batch in stream:
+        start = time.perf_counter()
+        trainer.train_step([batch])
+        times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    half = len(times) // 2
+    return {
+        "seconds": sum(times), "tokens": tokens, "steps": len(times), "distinct_shapes": shapes,
+        "ms_first_half": 1e3 * sum(times[:half]) / max(half, 1), "ms_second_half": 1e3 * sum(times[half:]) / max(len(times) - half, 1),
+        "faults_per_step": (after.ru_minflt - before.ru_minflt) / len(times), "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k directory")
+    parser.add_argument("--out", help="where the table goes")
+    parser.add_argument("--rows", default="today,all,all_mkl,bf16", help="keys of benchmarks.preset_training.ROWS")
+    parser.add_argument("--stream", type=int, default=150, help="batches timed, in the run's order")
+    parser.add_argument("--warmup", type=int, default=20, help="batches before them, untimed")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    from benchmarks.preset_training import ROWS
+    from benchmarks.probe import load as load_average, throwaway_trainer
+    from qkv.train.recipes import build_configs
+
+    labels = {key: label for key, label, flags in ROWS if flags is not None}
+    rows = args.rows.split(",")
+    if unknown := [r for r in rows if r not in labels]:
+        raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(labels)}")
+    out = Path(args.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="qkv-real-batches-") as work:
+        tokenizer = Path(work) / "tokenizer.model"
+        configs = build_configs("multi30k", model={}, train={}, data={"data_dir": args.data, "valid_limit": 20})
+        throwaway_trainer(*configs).tokenizer.save(tokenizer)  # trained once: every sample the same vocabulary
+        samples: dict[str, list[dict]] = {row: [] for row in rows}
+        for repeat in range(args.repeats):
+            for row in rows:
+                load = load_average()[0]
+                result = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.real_batches", "--child", row, "--tokenizer", str(tokenizer), "--data", args.data,
+                     "--stream", str(args.stream), "--warmup", str(args.warmup)], capture_output=True, text=True, check=True,
+                )
+                sample = json.loads(result.stdout.strip().splitlines()[-1]) | {"load": load}
+                samples[row].append(sample)
+                print(json.dumps({"repeat": repeat, "row": row, "tokens_per_s": round(sample["tokens"] / sample["seconds"]),
+                                  **{k: round(v, 1) for k, v in sample.items() if isinstance(v, float)}}), flush=True)
+    table = []
+    for row in rows:
+        s = samples[row]
+        rates = [x["tokens"] / x["seconds"] for x in s]
+        table.append({"key": row, "label": labels[row], "tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                      "ms_first_half": statistics.median(x["ms_first_half"] for x in s),
+                      "ms_second_half": statistics.median(x["ms_second_half"] for x in s),
+                      "faults_per_step": statistics.median(x["faults_per_step"] for x in s), "max_load": max(x["load"] for x in s)})
+    first = samples[rows[0]][0]
+    base = table[0]["tokens_per_s"]
+    lines = [
+        f"{args.stream} consecutive batches of epoch 0 after {args.warmup} untimed ones ({first['distinct_shapes']} distinct "
+        f"batch shapes among the {args.stream}; {first['tokens']:,} target tokens), each sample a fresh process, "
+        f"{args.repeats} interleaved repeats, {first['threads']} threads; median (min-max).",
+        "",
+        f"| path | target tokens/s | ms/step, first half / second half | page faults/step | x {rows[0]} |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in table:
+        lines.append(f"| {r['label']} | {r['tokens_per_s']:,.0f} ({r['min']:,.0f}-{r['max']:,.0f}) | "
+                     f"{r['ms_first_half']:.0f} / {r['ms_second_half']:.0f} | {r['faults_per_step']:,.0f} | {r['tokens_per_s'] / base:.2f}x |")
+    lines += ["", f"Highest 1-minute load average at a sample's start: {max(r['max_load'] for r in table):.2f}."]
+    (out / "real_batches.json").write_text(json.dumps({"samples": samples, "table": table}, indent=2) + "\n")
+    (out / "real_batches.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
