@@ -110,7 +110,7 @@ def _open_unnamed(directory: Path) -> tuple[int, str | None]:
             if error.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
                 raise
     fd, name = tempfile.mkstemp(prefix=".qkv-", suffix=".tmp", dir=directory)
-    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
     return fd, name
 
 
@@ -147,7 +147,7 @@ def _copy_out(fd: int, path: Path) -> str:
     """The unnamed file's bytes in a new hidden file beside ``path``; its name."""
     out, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(out, 0o666 & ~_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
+        os.fchmod(out, 0o666 & ~current_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
         os.lseek(fd, 0, os.SEEK_SET)
         while block := os.read(fd, 1 << 20):
             os.write(out, block)
@@ -160,7 +160,7 @@ def _copy_out(fd: int, path: Path) -> str:
     return name
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -29,6 +29,7 @@ from qkv.errors import QkvError
 from qkv.infer.bleu import score
 from qkv.infer.translator import Translator
 from qkv.io.checkpoint import sha256
+from qkv.io.outputs import current_umask
 
 MARKER, REPORT = "qkv-distill.json", "report.json"
 PARTS, STUDENT, TRAINED = "distilled", "student", "student.json"
@@ -113,6 +114,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
             handle.flush()

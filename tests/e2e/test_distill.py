@@ -5,6 +5,7 @@ and bad inputs are one line before any work."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -97,6 +98,9 @@ def test_the_report_puts_teacher_and_student_side_by_side(teacher, distilled):
     markdown = (distilled / "report.md").read_text()
     assert f"| student | {report['models']['student']['parameters']:,} |" in markdown
     assert not [p for p in distilled.rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (distilled / "distilled" / "train.tgt").stat().st_mode & 0o777 == 0o666 & ~mask  # a usual file, not mkstemp's 0600
 
 
 def test_min_score_drops_low_scored_pairs_and_mix_original_appends_the_originals(dates, teacher, distilled, tmp_path):
