@@ -298,6 +298,12 @@ class Batches(Sequence):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
+    def __add__(self, other: Sequence[list[int]]) -> list[list[int]]:  # epochs joined, as lists were
+        return list(self) + list(other)
+
+    def __radd__(self, other: Sequence[list[int]]) -> list[list[int]]:
+        return list(other) + list(self)
+
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:

@@ -371,6 +371,8 @@ def test_batches_are_compact_and_read_as_lists():
     assert all(type(i) is int for i in batches[0])
     assert batches[1:4] == [batches[1], batches[2], batches[3]]
     assert batches.order.nbytes == 8 * 3000  # one int64 per example, not a Python list of ints
+    other = token_batches(np.asarray(src), np.asarray(tgt), 700, seed=1, epoch=1)
+    assert batches + other == list(batches) + list(other) and [[0]] + batches == [[0], *batches]  # joined as lists were
 
 
 def test_batching_edge_cases():
