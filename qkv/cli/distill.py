@@ -126,7 +126,8 @@ def distill(args: argparse.Namespace) -> int:
         print(f"(this distillation is complete: {out / lib.REPORT})")
         return 0
     measured = {"device": str(model.device), "int8": args.int8, "workers": args.workers, "threads": torch.get_num_threads()}
-    teacher_parameters = sum(checkpoint.load(t).model.num_parameters() for t in teachers)  # as saved: int8 packs the linear layers
+    teacher_parameters = sum(p.numel() for p in model.parameters()) if not args.int8 else \
+        sum(checkpoint.load(t).model.num_parameters() for t in teachers)  # int8 packs the linear layers: count them as saved
 
     progress = not args.no_progress
     with Translator(model, tokenizer, search, max_tokens=args.batch_tokens, workers=args.workers) as teacher:
