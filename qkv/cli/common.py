@@ -1,5 +1,5 @@
 """What the ``qkv`` commands share: the registry that ``command`` fills, and the flags and settings
-of the decoding commands (search, device, int8, workers).
+of the decoding commands (search, device, int8, workers, shortlist).
 
 Each command module registers its commands with ``command``; ``qkv.cli.main`` imports them all and
 builds the parser.
@@ -119,6 +119,26 @@ def decoding_model(args: argparse.Namespace):
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
     return (int8_model(model) if args.int8 else model), tokenizer
+
+
+def shortlist_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shortlist", action="store_true",
+                   help="search each sentence over the target pieces its source makes likely (the checkpoint's "
+                        "shortlist, added by qkv shortlist): faster beam search, an approximation (measured in docs/benchmarks.md)")
+
+
+def decoding_shortlist(args: argparse.Namespace, model):
+    """With ``--shortlist``: the first checkpoint's shortlist (an ensemble shares its vocabulary); else None."""
+    if not getattr(args, "shortlist", False):
+        return None
+    from qkv.infer import shortlist
+    from qkv.io import checkpoint
+
+    first = checkpoint.resolve(args.checkpoint[0] if isinstance(args.checkpoint, list) else args.checkpoint)
+    if not (first / checkpoint.SHORTLIST).is_file():
+        raise QkvError(f"{first} has no shortlist: add one with qkv shortlist --checkpoint {first}")
+    checkpoint.verify(first)
+    return shortlist.load(first / checkpoint.SHORTLIST, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size)
 
 
 def decode_config(args: argparse.Namespace, n_best: int = 1):

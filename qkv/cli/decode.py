@@ -6,14 +6,16 @@ import argparse
 import sys
 
 from qkv.errors import QkvError
+from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.common import (
-    decode_args, decode_config, decoding_model, device_arg, int8_arg, workers_arg, command,
+    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, shortlist_arg, workers_arg, command,
 )
 
 
 def _translate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
     int8_arg(p)
+    shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
@@ -48,7 +50,7 @@ def translate(args: argparse.Namespace) -> int:
         check_output(path, force=args.force, inputs=(args.input,), reads=reads)
     model, tokenizer = decoding_model(args)
     translator = Translator(model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
-                            workers=args.workers)
+                            workers=args.workers, shortlist=decoding_shortlist(args, model))
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
@@ -70,6 +72,7 @@ def translate(args: argparse.Namespace) -> int:
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
     int8_arg(p)
+    shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
@@ -103,7 +106,9 @@ def evaluate(args: argparse.Namespace) -> int:
         src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
         corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
     started = time.perf_counter()
-    with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers) as translator:
+    shortlist = decoding_shortlist(args, model)
+    with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
+                    shortlist=shortlist) as translator:
         hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
@@ -111,7 +116,7 @@ def evaluate(args: argparse.Namespace) -> int:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{workers}, {seconds:.1f}s")
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     return 0
 
@@ -135,3 +140,77 @@ def average(args: argparse.Namespace) -> int:
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.out}")
     return 0
 
+
+
+def _shortlist_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/) to add the shortlist to")
+    p.add_argument("--train-src", nargs="+", metavar="FILE",
+                   help="source side of the parallel text to count (several files: one corpus; .gz/.xz/.bz2 read as such; "
+                        "a TSV without --train-tgt). Default: the checkpoint's own training data")
+    p.add_argument("--train-tgt", nargs="+", metavar="FILE", help="target side, one file per --train-src file")
+    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"target pieces kept per source piece (default {DEFAULT_K})")
+    p.add_argument("--frequent", type=int, default=DEFAULT_FREQUENT,
+                   help=f"most frequent target pieces every sentence may use (default {DEFAULT_FREQUENT})")
+    p.add_argument("--max-pairs", type=int, default=1_000_000, help="count at most the first N pairs (default 1,000,000)")
+    p.add_argument("--force", action="store_true", help="replace the checkpoint's shortlist if it has one")
+
+
+@command("shortlist", "add a vocabulary shortlist to a checkpoint, for faster beam search with --shortlist", _shortlist_args)
+def shortlist_command(args: argparse.Namespace) -> int:
+    import itertools
+    import time
+    from pathlib import Path
+
+    from qkv.infer import shortlist
+    from qkv.io import checkpoint
+
+    if args.train_tgt and not args.train_src:
+        raise QkvError("--train-tgt needs --train-src")
+    if args.train_src and args.train_tgt and len(args.train_src) != len(args.train_tgt):
+        raise QkvError(f"{len(args.train_src)} --train-src files but {len(args.train_tgt)} --train-tgt files: give one target file per source file")
+    if args.max_pairs < 1:
+        raise QkvError("--max-pairs must be at least 1")
+    directory = checkpoint.resolve(args.checkpoint)
+    if (directory / checkpoint.SHORTLIST).exists() and not args.force:
+        raise QkvError(f"{directory} already has a shortlist: give --force to replace it")
+    loaded = checkpoint.load(directory)
+    tok, config = loaded.tokenizer, loaded.model.config
+    started = time.perf_counter()
+    pairs = itertools.islice(_training_pairs(args, loaded), args.max_pairs)
+    table = shortlist.build(pairs, src_vocab=config.src_vocab_size, tgt_vocab=config.tgt_vocab_size, k=args.k,
+                            frequent=args.frequent, always=(tok.eos_id,))
+    checkpoint.add_file(directory, checkpoint.SHORTLIST, lambda path: shortlist.save(table, Path(path)), replace=args.force)
+    print(f"added a shortlist to {directory}: {table.info['pairs']:,} pairs counted, {args.k} target pieces per source "
+          f"piece and the {args.frequent} most frequent, {time.perf_counter() - started:.1f}s")
+    return 0
+
+
+def _training_pairs(args: argparse.Namespace, loaded):
+    """(source ids, target ids) of the --train-src/--train-tgt files, else of the checkpoint's training data."""
+    tok = loaded.tokenizer
+    if args.train_src:
+        from pathlib import Path
+
+        from qkv.io.prepared import read_corpora
+
+        for src, tgt in read_corpora([Path(f) for f in args.train_src], [Path(f) for f in args.train_tgt] if args.train_tgt else None):
+            yield tok.encode(src), tok.encode_target(tgt)
+        return
+    from qkv.io.prepared import load_prepared
+    from qkv.model.config import ConfigError, config_from_dict
+    from qkv.train.recipes import DataConfig, load_corpora
+
+    try:
+        data = config_from_dict(DataConfig, loaded.config.get("data") or {})
+    except ConfigError as error:
+        raise QkvError(f"{loaded.path} does not say where its training data is ({error}): give --train-src and --train-tgt") from None
+    if data.corpus == "prepared":
+        prepared = load_prepared(data.data_dir)
+        if prepared.tokenizer.model_proto != getattr(tok, "model_proto", None):
+            raise QkvError(f"{data.data_dir} holds another tokenizer than {loaded.path}: give --train-src and --train-tgt")
+        ids = prepared.train_ids(loaded.model.config.max_len)
+        yield from zip(ids.src_ids, ids.tgt_ids)
+        return
+    train, _ = load_corpora(data)
+    for src, tgt in zip(train.src, train.tgt):
+        yield tok.encode(src), tok.encode_target(tgt)

@@ -22,7 +22,7 @@ from qkv.cli import train as cli_train  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
-ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "average", "serve", "export", "import",
+ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "shortlist", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
-from qkv.model.transformer import Transformer
+from qkv.model.transformer import OutputSubset, Transformer
 from qkv.data.tokenizer import TextTokenizer
 
 
@@ -71,14 +71,15 @@ class Ensemble(nn.Module):
 
     def decode(
         self, tgt: Tensor, memory: EnsembleMemory, src_mask: Tensor, *, state: EnsembleState | None = None,
-        need_weights: bool = False,
+        need_weights: bool = False, vocab: OutputSubset | None = None,
     ) -> tuple[Tensor, None]:
-        """The mean of the models' log-probabilities (B, T, V), in place of logits."""
+        """The mean of the models' log-probabilities (B, T, V), in place of logits; with ``vocab``,
+        each model's log-probabilities over those U ids alone (B, T, U)."""
         if need_weights:
             raise QkvError("an ensemble has no single set of attention weights: inspect one model at a time")
         states = [None] * len(self.models) if state is None else state.parts
         log_probs = [
-            model.decode(tgt, part, src_mask, state=model_state)[0].float().log_softmax(dim=-1)
+            model.decode(tgt, part, src_mask, state=model_state, vocab=vocab)[0].float().log_softmax(dim=-1)
             for model, part, model_state in zip(self.models, memory.parts, states)
         ]  # M x (B, T, V)
         return torch.stack(log_probs).mean(dim=0), None

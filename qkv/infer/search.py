@@ -1,6 +1,6 @@
 """Search: greedy and beam search over a trained ``Transformer`` (or any ``SearchModel``), batched, with the key/value cache.
 
-Dimension legend: B sentences, K beam size, S source length, V vocabulary size.
+Dimension legend: B sentences, K beam size, S source length, V vocabulary size, U the ids a shortlist keeps.
 
 Both searches encode the source once, then call ``model.decode`` one token at a time with a
 ``DecoderState``. Sentences that are finished are dropped from the batch, so the cost of a batch
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from qkv.model.config import ConfigError, ModelConfig, check_types, config_from_dict
+from qkv.model.transformer import OutputSubset
 
 
 class SearchModel(Protocol):
@@ -32,7 +33,8 @@ class SearchModel(Protocol):
 
     def encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[Any, Tensor, list[Tensor]]: ...
 
-    def decode(self, tgt: Tensor, memory: Any, src_mask: Tensor, *, state: Any = None, need_weights: bool = False) -> tuple[Tensor, Any]: ...
+    def decode(self, tgt: Tensor, memory: Any, src_mask: Tensor, *, state: Any = None, need_weights: bool = False,
+               vocab: OutputSubset | None = None) -> tuple[Tensor, Any]: ...
 
     def new_state(self, capacity: int = 16) -> Any: ...
 
@@ -192,6 +194,43 @@ def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: Dec
     return torch.searchsorted(cumulative, u[:, None], right=True).squeeze(1).clamp(max=V - 1)
 
 
+def restricted(
+    vocab: list[Tensor] | None, suppress: tuple[int, ...], eos_id: int, device: torch.device, *, shared: bool,
+) -> tuple[OutputSubset | None, tuple[int, ...]]:
+    """The ``OutputSubset`` a search scores (None: the whole vocabulary) from each sentence's ids, and
+    the suppressed ids left to mask: a subset leaves them out itself, and always holds EOS.
+
+    ``shared``: all sentences score the union of their ids, each masked to its own (one matmul; what
+    greedy search, one row a sentence, measured faster); else each sentence scores its own rows
+    (a batched matmul; what beam search, K rows a sentence, measured faster). Either way a sentence
+    can produce exactly its own ids, whatever else is in its batch."""
+    if vocab is None:
+        return None, suppress
+    banned = torch.tensor(list(suppress), dtype=torch.long)
+    rows = []
+    for ids in vocab:
+        ids = torch.cat([ids.long().cpu(), torch.tensor([eos_id])]).unique()  # sorted
+        rows.append(ids[~torch.isin(ids, banned)] if suppress else ids)
+    if shared:
+        union = torch.cat(rows).unique()  # (U,) sorted
+        valid = torch.stack([torch.isin(union, r) for r in rows])  # (B, U)
+        return OutputSubset(union[None].to(device), valid.to(device)), ()
+    U = max(len(r) for r in rows)
+    padded = torch.full((len(rows), U), eos_id, dtype=torch.long)
+    valid = torch.zeros(len(rows), U, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        padded[b, : len(r)], valid[b, : len(r)] = r, True
+    return OutputSubset(padded.to(device), valid.to(device)), ()
+
+
+def _decode(model: SearchModel, last: Tensor, memory: Any, src_mask: Tensor, state: Any, subset: OutputSubset | None):
+    """One cached decoder step; ``vocab`` is passed only when there is a subset (a ``SearchModel``
+    that has no shortlist support still searches the whole vocabulary)."""
+    if subset is None:
+        return model.decode(last, memory, src_mask, state=state)
+    return model.decode(last, memory, src_mask, state=state, vocab=subset)
+
+
 def _start(model: SearchModel, src: Tensor, bos_id: int, config: DecodeConfig):
     """Encode ``src``; the first step decodes BOS once per sentence. Also each sentence's output limit."""
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
@@ -203,25 +242,29 @@ def _start(model: SearchModel, src: Tensor, bos_id: int, config: DecodeConfig):
 @torch.inference_mode()
 def greedy_search(
     model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
-    suppress: tuple[int, ...] = (),
+    suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None,
 ) -> list[list[int]]:
     """The most likely next token at every step (or, with ``config.sampling``, one drawn at random,
-    each sentence from a generator seeded by ``seeds``). src: (B, S). Returns token lists without BOS/EOS."""
+    each sentence from a generator seeded by ``seeds``). src: (B, S). Returns token lists without BOS/EOS.
+    ``vocab``: for each sentence, the only target ids to score (a shortlist, ``restricted``)."""
     B = src.size(0)
     if config.sampling:
         generators = [torch.Generator().manual_seed(s) for s in (seeds or [config.seed + b for b in range(B)])]
     memory, src_mask, state, last, limits = _start(model, src, bos_id, config)
     limits = torch.tensor(limits, device=src.device)  # (B,)
+    subset, suppress = restricted(vocab, suppress, eos_id, src.device, shared=True)  # one row a sentence: one matmul over the union
     outputs: list[list[int]] = [[] for _ in range(B)]
     alive = torch.arange(B, device=src.device)  # sentence index of each row still being decoded
     for step in range(int(limits.max())):
-        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b, 1, V)
+        logits, _ = _decode(model, last, memory, src_mask, state, subset)  # (b, 1, V), or (b, 1, U)
         if suppress:
             logits[:, -1, list(suppress)] = float("-inf")
         if config.sampling:
             next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
         else:
             next_tokens = logits[:, -1].argmax(dim=-1)  # (b,)
+        if subset is not None:
+            next_tokens = subset.positions_to_ids(next_tokens[:, None]).squeeze(1)  # positions -> target ids
         for sentence, token in zip(alive.tolist(), next_tokens.tolist()):  # one host read per step
             if token != eos_id:
                 outputs[sentence].append(token)
@@ -230,6 +273,7 @@ def greedy_search(
             break
         if keep.numel() < alive.numel():
             alive, memory, src_mask = alive[keep], memory[keep], src_mask[keep]
+            subset = None if subset is None else subset[keep]
             state.reorder(keep)
         last = next_tokens[keep, None]  # (b, 1)
     return outputs
@@ -238,7 +282,7 @@ def greedy_search(
 @torch.inference_mode()
 def beam_search(
     model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, trace: list[dict] | None = None,
-    suppress: tuple[int, ...] = (),
+    suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search with GNMT length normalisation. src: (B, S). Returns ``n_best`` hypotheses per sentence.
 
@@ -256,9 +300,11 @@ def beam_search(
 
     ``trace``: a list that receives, for the first sentence, one record per step (``trace_step``).
     ``suppress``: token ids never appended (their log-probability set to -inf, without renormalising).
+    ``vocab``: for each sentence, the only target ids to score (a shortlist): the softmax and top-k run over them alone.
     """
     B, K, device = src.size(0), config.beam_size, src.device
     memory, src_mask, state, last, limits = _start(model, src, bos_id, config)  # (B, S, D), (B, S), state, (B, 1), (B,)
+    subset, suppress = restricted(vocab, suppress, eos_id, device, shared=False)  # K rows a sentence share its own ids
     scores = torch.zeros(B, 1, device=device)  # (b, k) total log-probability of each live beam; k = 1 at first
     history = torch.empty(B, 1, 0, dtype=torch.long, device=device)  # (b, k, t) tokens so far
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -266,11 +312,13 @@ def beam_search(
 
     for step in range(max(limits)):
         b, k = scores.shape
-        logits, _ = model.decode(last, memory, src_mask, state=state)  # (b*k, 1, V)
+        logits, _ = _decode(model, last, memory, src_mask, state, subset)  # (b*k, 1, V), or U for V
         log_probs = logits[:, -1].float().log_softmax(dim=-1).view(b, k, -1)  # (b, k, V)
         if suppress:
             log_probs[:, :, list(suppress)] = float("-inf")
         top, beam, token = beam_candidates(scores, log_probs, min(2 * K, k * log_probs.size(2)))  # (b, 2K)
+        if subset is not None:
+            token = subset.positions_to_ids(token)  # (b, 2K) positions in each sentence's ids -> target ids
         final_step = [step == limits[s] - 1 for s in alive]  # (b,) whether each sentence takes its last step
         finishing, stays = split_candidates(top, token, k=K, eos_id=eos_id, last_step=torch.tensor(final_step, device=device))
 
@@ -315,6 +363,7 @@ def beam_search(
             scores, history, last = scores[groups], history[groups], last.view(b, K)[groups].view(-1, 1)
             source_rows = source_rows.view(b, K)[groups].view(-1)
             memory, src_mask = memory[groups], src_mask[groups]
+            subset = None if subset is None else subset[groups]
             state.reorder(groups, kinds=("cross",))
         # The cross-attention caches hold one row per sentence; the self-attention caches one per beam.
         state.reorder(source_rows, kinds=("self",))
@@ -334,11 +383,12 @@ def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: 
 
 def search(
     model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
-    suppress: tuple[int, ...] = (),
+    suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
-    beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output."""
+    beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output.
+    ``vocab``: for each sentence, the only target ids to score (``Shortlist.vocab``); None: all."""
     if config.beam_size == 1:
-        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress)
+        outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress, vocab=vocab)
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]
-    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, suppress=suppress)
+    return beam_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, suppress=suppress, vocab=vocab)

@@ -14,6 +14,7 @@ from qkv.errors import QkvError
 from qkv.io import checkpoint
 from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, search
 from qkv.data.tokenizer import TextTokenizer
+from qkv.infer.shortlist import Shortlist
 from qkv.infer.workers import DecodingWorkers
 
 
@@ -73,6 +74,9 @@ class Translator:
     one thread each (``qkv.infer.workers``), which gives the same translations faster when the model is
     small; the processes start at the first translation and end with ``close()`` (or ``with``).
 
+    ``shortlist``: each batch is searched over the target pieces its sources make likely
+    (``qkv.infer.shortlist``): faster, an approximation of the exact search.
+
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
     once where the program starts (the command line and the server do): every decoding step
     allocates and frees its vocabulary-sized scores, which glibc would otherwise hand back to the
@@ -88,6 +92,7 @@ class Translator:
         max_tokens: int = 2048,
         max_sentences: int = 128,
         workers: int = 1,
+        shortlist: Shortlist | None = None,
     ) -> None:
         if workers < 1:
             raise QkvError(f"workers must be >= 1, got {workers}")
@@ -99,6 +104,7 @@ class Translator:
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.workers = workers
+        self.shortlist = shortlist
         self._pool: DecodingWorkers | None = None
 
     def __enter__(self) -> Translator:
@@ -161,8 +167,9 @@ class Translator:
         src = collate_sources(src_ids, pad_id=tok.pad_id, eos_id=tok.eos_id)
         src = src.to(self.model.device)  # the model's device (a GPU while training, or with --device)
         seeds = [sentence_seed(self.config.seed, ids) for ids in src_ids] if self.config.sampling else None
+        vocab = None if self.shortlist is None else self.shortlist.vocab(src_ids)
         return search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds,
-                      suppress=suppressed_tokens(tok))
+                      suppress=suppressed_tokens(tok), vocab=vocab)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         hyps = self.translate_ids([self.encode(t) for t in texts])

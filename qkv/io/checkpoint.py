@@ -8,6 +8,8 @@ A checkpoint directory holds
 and, for checkpoints a run can resume from,
     trainer.safetensors  optimizer moments and the torch RNG states (CPU and CUDA)
     trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
+and, once ``qkv shortlist`` has added it,
+    shortlist.safetensors  a vocabulary shortlist for decoding (``add_file``)
 and last
     manifest.json        every other file's size and SHA-256
 
@@ -41,7 +43,7 @@ import shutil
 import stat
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,10 +62,11 @@ from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
+SHORTLIST = "shortlist.safetensors"  # optional: a vocabulary shortlist for decoding (qkv.infer.shortlist)
 MANIFEST = "manifest.json"
 MARKER = ".qkv-save"  # inside NAME.tmp/ and NAME.old/ while qkv writes or replaces NAME: proof they are qkv's
 REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
-FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, MANIFEST))  # all a checkpoint may hold
+FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, SHORTLIST, MANIFEST))  # all a checkpoint may hold
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_LAYERS = 1000  # a config asking for more is refused before even a shape-only model is built
 LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
@@ -348,6 +351,42 @@ def save(
         try:
             _mark(tmp)
             _write_files(tmp, model, tokenizer, configs, trainer, optimizer, state_dict, trainer_tensors)
+            _publish(tmp, directory)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return directory
+
+
+def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *, replace: bool = False) -> Path:
+    """Add the optional file ``name`` to a checkpoint, ``write(path)`` writing it, under the manifest.
+
+    The checkpoint is verified, copied to ``NAME.tmp/`` with the new file, and put in place as
+    ``save`` does: a crash leaves the checkpoint as it was (or its whole copy under ``NAME.old/``).
+    An existing ``name`` is replaced only with ``replace``.
+    """
+    directory = resolve(directory)
+    if moved_aside(directory):
+        raise CheckpointError(f"{directory} is the copy an interrupted save left: load it with qkv, or save it again, before adding to it")
+    verify(directory)
+    others = sorted(p.name for p in directory.iterdir() if p.name not in FILES)
+    if others:  # the checkpoint is copied and replaced whole: never with someone's files in it
+        raise CheckpointError(f"{directory} also holds {others[0]}, which is not a checkpoint file: refusing to rewrite it "
+                              "(move that file out of the checkpoint first)")
+    if name not in FILES - {*REQUIRED, MANIFEST}:
+        raise CheckpointError(f"{name} is not an optional checkpoint file")
+    if (directory / name).exists() and not replace:
+        raise CheckpointError(f"{directory} already holds {name}: give --force to replace it")
+    with _locked(directory.parent):
+        tmp = _tmp(directory)
+        _remove_ours(tmp)
+        tmp.mkdir()
+        try:
+            _mark(tmp)
+            for file in directory.iterdir():
+                if file.name not in (MANIFEST, MARKER, name):
+                    shutil.copy2(file, tmp / file.name)
+            write(tmp / name)
             _publish(tmp, directory)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -177,6 +177,59 @@ class DecoderState:
                 layer[kind].reorder(index)
 
 
+class OutputSubset:
+    """For each sentence of a batch, the only target ids a search scores (a vocabulary shortlist,
+    ``qkv.infer.shortlist``): ``ids`` (B, U), each row padded past its ``valid`` (B, U) entries.
+
+    ``project`` gives the logits of each sentence's own U ids, -inf at the padding: the rows of the
+    output projection are gathered once per sentence and model (per generator) and kept while the
+    subset lives (one batch); the decoder's R = B x k rows (k beams of a sentence, side by side)
+    meet their sentence's rows in one batched matmul. An int8 generator's rows are dequantized, so
+    the U rows run in fp32. Index a subset (``subset[keep]``) as the search drops finished sentences.
+    """
+
+    def __init__(self, ids: Tensor, valid: Tensor, rows: dict[int, tuple[Tensor, Tensor | None]] | None = None) -> None:
+        self.ids, self.valid = ids, valid  # (B, U) int64 or (1, U): one list for all; (B, U) bool
+        self.mask = torch.zeros(valid.shape, device=valid.device).masked_fill_(~valid, float("-inf"))  # (B, U)
+        self._rows = {} if rows is None else rows
+
+    @property
+    def shared(self) -> bool:
+        """Whether all sentences score the same U ids (their union), each masked to its own."""
+        return self.ids.size(0) == 1 and self.valid.size(0) != 1
+
+    def __getitem__(self, index: Tensor) -> OutputSubset:
+        if self.shared:
+            return OutputSubset(self.ids, self.valid[index], self._rows)
+        rows = {key: (w[index], None if b is None else b[index]) for key, (w, b) in self._rows.items()}
+        return OutputSubset(self.ids[index], self.valid[index], rows)
+
+    def positions_to_ids(self, positions: Tensor) -> Tensor:
+        """(B, n) positions in each sentence's U ids -> target ids."""
+        return self.ids.expand(positions.size(0), -1).gather(1, positions)
+
+    def project(self, generator: nn.Module, x: Tensor) -> Tensor:
+        """x: (R, T, D), R = B x k. Returns (R, T, U)."""
+        rows = self._rows.get(id(generator))
+        if rows is None:
+            weight, bias = generator.weight, generator.bias
+            if callable(weight):  # a dynamically quantized Linear: weight() and bias() are methods
+                weight, bias = weight().dequantize(), bias()
+            ids = self.ids.to(weight.device)
+            rows = self._rows[id(generator)] = (weight[ids].to(x.dtype), None if bias is None else bias[ids].to(x.dtype))
+        weight, bias = rows  # (B, U, D), (B, U); shared: (1, U, D), (1, U)
+        B, U = self.valid.shape
+        R, T, D = x.shape
+        if self.shared:  # one matmul over the union; each sentence's k*T rows masked to its own ids
+            logits = F.linear(x, weight[0], None if bias is None else bias[0]).view(B, R // B * T, U)
+            return (logits + self.mask[:, None, :].to(logits.dtype)).view(R, T, U)
+        logits = torch.bmm(x.reshape(B, R // B * T, D), weight.transpose(1, 2))  # (B, k*T, U)
+        logits = logits + self.mask[:, None, :].to(logits.dtype)
+        if bias is not None:
+            logits = logits + bias[:, None, :]
+        return logits.view(R, T, U)
+
+
 @dataclass
 class AttentionWeights:
     """Per-layer attention weights, each (B, H, queries, keys)."""
@@ -244,14 +297,18 @@ class Transformer(nn.Module):
         *,
         state: DecoderState | None = None,
         need_weights: bool = False,
+        vocab: OutputSubset | None = None,
     ) -> tuple[Tensor, AttentionWeights | None]:
         """Target logits given the target prefix (teacher forcing) or the next tokens (with ``state``).
 
         tgt: (B, T) ids, starting with BOS. memory: (B, S, D). src_mask: (B, S).
         With a ``state``, ``tgt`` holds only the new tokens (usually T = 1), earlier positions come
-        from the cache, and the state advances. Returns logits (B, T, V) and, if asked, weights.
+        from the cache, and the state advances. Returns logits (B, T, V) and, if asked, weights;
+        with ``vocab``, the logits of its U target ids only, (B, T, U), in its order.
         """
         x, weights = self.decode_hidden(tgt, memory, src_mask, state=state, need_weights=need_weights)
+        if vocab is not None:
+            return vocab.project(self.generator, x), weights  # (B, T, D) -> (B, T, U)
         return self.generator(x), weights  # (B, T, D) -> (B, T, V)
 
     def decode_hidden(
