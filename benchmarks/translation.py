@@ -24,6 +24,10 @@ the same number of threads (torch's; CTranslate2 ``intra_threads``), one batch a
   x the threads, or one worker per thread: ``inter_threads``, CTranslate2's throughput setting, runs
   several batches at once) was fastest on every 4th sentence, chosen per cell in this run. The
   threads in all never exceed qkv's.
+- Both also with a vocabulary shortlist, built once for the run with ``qkv shortlist``'s defaults
+  from the Multi30k training pairs: qkv ``--shortlist`` (fp32 and int8) and CTranslate2 with the same
+  table as its vocabulary map (``use_vmap=True``; fp32 and int8). qkv searches each sentence over its
+  own pieces, CTranslate2 a batch over the union of its sentences'.
 
 Every cell: the load average checked (a warning printed when another job runs), a warm-up pass over
 every 8th batch (own settings: every 8th sentence), then ``repeats`` timed passes over all sentences,
@@ -50,7 +54,8 @@ from qkv.interop.convert import to_huggingface
 from qkv.data.corpus import load_multi30k
 from qkv.infer.search import DecodeConfig, max_output_length
 from qkv.infer.bleu import score
-from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec
+from qkv.infer.shortlist import build as build_shortlist, load as load_shortlist, save as save_shortlist
+from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec, write_vmap
 from qkv.model.quantize import int8_model, int8_supported
 from qkv.infer.translator import Translator
 
@@ -58,10 +63,17 @@ SAME_BATCH = 64  # sentences per batch in the same-batches table (CTranslate2's 
 HF_BATCH = 64
 BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for qkv's and CTranslate2's own settings
 UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
-ENGINES = (("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"))
-TARGETS = (  # issue 21: (name, goal, numerator, denominator), each an (engine, compute, beam)
+ENGINES = (("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"),
+           ("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"))
+# A "+shortlist" cell decodes with a shortlist built for this run (qkv.infer.shortlist, the default k and
+# frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
+# vocabulary map (use_vmap=True). Both run in the own-settings table only: they are each engine's options.
+OWN_ONLY = ("+shortlist", "+vmap")
+TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (engine, compute, beam)
     ("beam 5: qkv fp32 / CTranslate2 fp32", 1.0, ("qkv", "float32", 5), ("ctranslate2", "float32", 5)),
     ("beam 5: qkv int8 / CTranslate2 int8", 0.8, ("qkv", "int8", 5), ("ctranslate2", "int8", 5)),
+    ("beam 5: qkv fp32+shortlist / CTranslate2 int8+vmap", 1.0, ("qkv", "float32+shortlist", 5), ("ctranslate2", "int8+vmap", 5)),
+    ("beam 5: qkv int8+shortlist / CTranslate2 int8+vmap", 1.0, ("qkv", "int8+shortlist", 5), ("ctranslate2", "int8+vmap", 5)),
     ("greedy: qkv fp32 / CTranslate2 fp32", 1.2, ("qkv", "float32", 1), ("ctranslate2", "float32", 1)),
     ("beam 5: qkv fp32 / Hugging Face generate", 2.0, ("qkv", "float32", 5), ("huggingface", "float32", 5)),
 )
@@ -92,13 +104,14 @@ def _hf_generate(hf, tok, rows: list[list[int]], config: DecodeConfig, limit: in
     return out
 
 
-def _ct2_native(engine, tok, rows: list[list[int]], config: DecodeConfig, *, limit: int, budget: int) -> list[list[int]]:
+def _ct2_native(engine, tok, rows: list[list[int]], config: DecodeConfig, *, limit: int, budget: int,
+                use_vmap: bool = False) -> list[list[int]]:
     """CTranslate2 left to itself: one call, its own sorting and batches of ``budget`` source tokens,
     its own length normalisation (``length ** 0.6``) and one length limit for all."""
     piece_to_id = {p: i for i, p in enumerate(tok.pieces(range(tok.vocab_size)))}
     outputs = engine.translate_batch(
         [tok.pieces(ids) for ids in rows], max_batch_size=budget, batch_type="tokens", beam_size=config.beam_size,
-        length_penalty=config.length_penalty, max_decoding_length=limit, min_decoding_length=0,
+        length_penalty=config.length_penalty, max_decoding_length=limit, min_decoding_length=0, use_vmap=use_vmap,
     )
     return [[piece_to_id[p] for p in out.hypotheses[0]] for out in outputs]
 
@@ -109,13 +122,14 @@ class _Engines:
     that they batch their own way."""
 
     def __init__(self, model, tok, src_ids, config: DecodeConfig, *, hf, ct2_dir: Path | None, threads: int,
-                 ct2_cache: dict, qkv_computes: tuple[str, ...] = ("float32",)) -> None:
+                 ct2_cache: dict, qkv_computes: tuple[str, ...] = ("float32",), shortlist=None) -> None:
         self.model, self.tok, self.src_ids, self.config, self.hf = model, tok, src_ids, config, hf
+        self.shortlist = shortlist  # for the "+shortlist" cells
         self.ct2_dir, self.threads, self._ct2 = ct2_dir, threads, ct2_cache  # CTranslate2 translators, shared by beams
         self.translators: list[Translator] = []  # qkv's, closed by close()
         self.limits = [max_output_length(model, len(ids) + 1, config) for ids in src_ids]
         self.qkv_model = {"float32": model}
-        if "int8" in qkv_computes:
+        if any(c.startswith("int8") for c in qkv_computes):
             self.qkv_model["int8"] = int8_model(model)  # qkv translate --int8
 
     def ct2(self, compute: str, inter: int = 1, intra: int | None = None):
@@ -123,7 +137,7 @@ class _Engines:
 
         key = (compute, inter, intra or self.threads)
         if key not in self._ct2:
-            self._ct2[key] = ctranslate2.Translator(str(self.ct2_dir), device="cpu", compute_type=compute,
+            self._ct2[key] = ctranslate2.Translator(str(self.ct2_dir), device="cpu", compute_type=compute.split("+")[0],
                                                     inter_threads=inter, intra_threads=intra or self.threads)
         return self._ct2[key]
 
@@ -152,7 +166,8 @@ class _Engines:
         if engine == "qkv":
             budget, workers, threads = choice
             torch.set_num_threads(threads if workers == 1 else self.threads)  # a worker sets its own
-            translator = Translator(self.qkv_model[compute], self.tok, self.config, max_tokens=budget, workers=workers)
+            translator = Translator(self.qkv_model[compute.split("+")[0]], self.tok, self.config, max_tokens=budget,
+                                    workers=workers, shortlist=self.shortlist if "+shortlist" in compute else None)
             self.translators.append(translator)
 
             def run(indices):
@@ -176,7 +191,7 @@ class _Engines:
             def run(indices):
                 limit = max(self.limits[i] for i in indices)
                 return dict(zip(indices, _ct2_native(ct2, self.tok, [self.src_ids[i] for i in indices], self.config,
-                                                     limit=limit, budget=budget)))
+                                                     limit=limit, budget=budget, use_vmap="+vmap" in compute)))
         return run
 
     def choose(self, engine: str, compute: str, sample: list[int], budgets: tuple[int, ...]) -> tuple[tuple[int, int, int], list[dict]]:
@@ -217,12 +232,18 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id)
     except RuntimeError as error:  # transformers is not installed
         hf, missing["huggingface"] = None, str(error)
+    lists = _shortlist(model, tok, data, data_dir)
+    table_file = Path(tempfile.mkdtemp(prefix="qkv-bench-shortlist-")) / "shortlist.safetensors"
+    save_shortlist(lists, table_file)
     try:
         import ctranslate2
 
         compute_types = sorted(ctranslate2.get_supported_compute_types("cpu"))
         ct2_dir = Path(tempfile.mkdtemp(prefix="qkv-bench-ct2-"))
-        ctranslate2_spec(model, tok).save(str(ct2_dir))
+        write_vmap(lists, tok, table_file.parent / "vmap.txt")
+        spec = ctranslate2_spec(model, tok)
+        spec.register_vocabulary_mapping(str(table_file.parent / "vmap.txt"))  # used only by the "+vmap" cells (use_vmap)
+        spec.save(str(ct2_dir))
     except ImportError as error:
         missing["ctranslate2"] = str(error)
     if "ctranslate2" not in missing and "int8" not in compute_types:
@@ -231,7 +252,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         missing["qkv int8"] = f"this PyTorch's quantized engines are {torch.backends.quantized.supported_engines}"
     for name, reason in missing.items():
         log(f"translation: {name} skipped ({reason})")
-    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c}" not in missing]
+    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c.split('+')[0]}" not in missing]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
     rows, choices = [], []
@@ -240,13 +261,15 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         for table in ("same", "own"):
             qkv_out = None
             for engine, compute in engines:
+                if table == "same" and compute.endswith(OWN_ONLY):
+                    continue
                 label = f"{table} batches" if table == "same" else "own settings"
                 load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
                 # Each cell in a fresh process: an engine that ran before (CTranslate2's thread pools
                 # above all) slows PyTorch down for the rest of a process's life.
                 with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
                     cell = pool.submit(_cell, checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets,
-                                       threads, repeats, ct2_dir).result()
+                                       threads, repeats, ct2_dir, table_file).result()
                 if cell["choice"] is not None:
                     choices.append({"engine": engine, "beam": beam, "compute": compute, "chosen": cell["choice"],
                                     "trials": cell["trials"]})
@@ -260,15 +283,24 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                     f"identical to qkv {100 * row['identical_to_qkv']:.1f}%")
     if ct2_dir is not None:
         shutil.rmtree(ct2_dir, ignore_errors=True)
+    shutil.rmtree(table_file.parent, ignore_errors=True)
     return {"checkpoint": str(loaded.path), "hf_model": type(hf).__name__ if hf is not None else None, "sentences": n,
             "repeats": repeats, "threads": threads, "same_batch_sentences": batch_size, "same_batches": len(batches),
             "ct2_compute_types": compute_types, "own_choices": choices, "missing": missing, "rows": rows,
+            "shortlist": lists.info,
             "targets": targets(rows),
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
 
 
+def _shortlist(model, tok, data: dict, data_dir: str):
+    """The shortlist of the "+shortlist" and "+vmap" cells: ``qkv shortlist``'s defaults on the Multi30k training pairs."""
+    train = load_multi30k("train", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir)
+    pairs = ((tok.encode(s), tok.encode_target(t)) for s, t in zip(train.src, train.tgt))
+    return build_shortlist(pairs, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size, always=(tok.eos_id,))
+
+
 def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, engine: str, compute: str, batch_size: int,
-          budgets: tuple[int, ...], threads: int, repeats: int, ct2_dir: Path | None) -> dict:
+          budgets: tuple[int, ...], threads: int, repeats: int, ct2_dir: Path | None, table_file: Path) -> dict:
     """One cell of the tables, run in a process of its own: the warm-up, then ``repeats`` timed passes."""
     torch.set_num_threads(threads)
     loaded = checkpoint.load(checkpoint_dir)
@@ -277,8 +309,9 @@ def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, eng
     sources = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir).src[:n]
     hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id) if engine == "huggingface" else None
     src_ids = [Translator(model, tok).encode(s) for s in sources]
+    shortlist = load_shortlist(table_file, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size)
     runners = _Engines(model, tok, src_ids, DecodeConfig(beam_size=beam, stop_early=table == "same"), hf=hf, ct2_dir=ct2_dir, threads=threads,
-                       ct2_cache={}, qkv_computes=(compute,) if engine == "qkv" else ())
+                       ct2_cache={}, qkv_computes=(compute,) if engine == "qkv" else (), shortlist=shortlist)
     choice = trials = None
     if table == "same":
         batches = same_batches(src_ids, batch_size)
@@ -325,6 +358,9 @@ def targets(rows: list[dict]) -> list[dict]:
         entry = {"target": name, "goal": goal}
         for table in ("same", "own"):
             a, b = by.get((table, *num)), by.get((table, *den))
+            if table == "same" and (num[1].endswith(OWN_ONLY) or den[1].endswith(OWN_ONLY)):
+                entry[table] = {"available": False, "reason": "own settings only"}
+                continue
             if a is None or b is None:
                 entry[table] = {"available": False, "reason": "an engine is missing"}
                 continue
@@ -357,11 +393,14 @@ def markdown(section: dict) -> str:
         "",
         "**Own settings**: each engine batching its own way (CTranslate2: `translate_batch` with `batch_type=\"tokens\"`, "
         "its own `length ** 0.6` normalisation and one length limit; qkv: `Translator`, `qkv translate --batch-tokens B "
-        "--workers N`; for both, the budget and the layout of processes and threads fastest on every 4th sentence in this run).",
+        "--workers N`; for both, the budget and the layout of processes and threads fastest on every 4th sentence in this run). "
+        f"`+shortlist`: qkv `--shortlist`; `+vmap`: CTranslate2 `use_vmap=True` with the same table as its vocabulary map "
+        f"(k {section['shortlist']['k']}, the {section['shortlist']['frequent']} most frequent pieces, counted on "
+        f"{section['shortlist']['pairs']:,} training pairs).",
         "",
         *_table(section, "own", settings=True),
         "",
-        "**Targets** (issue 21): median sentences/s of qkv over the other engine, range over the repeats in brackets.",
+        "**Targets**: median sentences/s of qkv over the other engine, range over the repeats in brackets.",
         "",
         "| target | goal | same batches | own settings |",
         "|---|---:|---:|---:|",

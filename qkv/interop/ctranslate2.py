@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ EXPORT_FILES = frozenset({
     "model.bin", "config.json", "shared_vocabulary.json", "shared_vocabulary.txt", "source_vocabulary.json",
     "target_vocabulary.json", "source_vocabulary.txt", "target_vocabulary.txt", checkpoint.TOKENIZER, "qkv_config.json",
     "source.spm", "target.spm", "model.safetensors", "generation_config.json", "vocab.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json",
+    "special_tokens_map.json", "added_tokens.json", "vmap.txt",
 })
 
 
@@ -193,8 +194,22 @@ def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bo
     loaded = checkpoint.load(checkpoint_dir)
     spec = ctranslate2_spec(loaded.model, loaded.tokenizer)
 
+    if (loaded.path / checkpoint.SHORTLIST).is_file():  # CTranslate2's vocabulary map: use_vmap=True uses it
+        from qkv.infer import shortlist
+
+        table = shortlist.load(loaded.path / checkpoint.SHORTLIST, src_vocab=loaded.model.config.src_vocab_size,
+                               tgt_vocab=loaded.model.config.tgt_vocab_size)
+    else:
+        table = None
+
     def fill(tmp: Path) -> None:
-        spec.save(str(tmp))
+        if table is not None:  # spec.save copies the map in as vmap.txt
+            with tempfile.TemporaryDirectory(prefix="qkv-vmap-") as where:
+                write_vmap(table, loaded.tokenizer, Path(where) / "vmap.txt")
+                spec.register_vocabulary_mapping(str(Path(where) / "vmap.txt"))
+                spec.save(str(tmp))
+        else:
+            spec.save(str(tmp))
         if isinstance(loaded.tokenizer, MarianTokenizer):
             (tmp / "source.spm").write_bytes(loaded.tokenizer.source_spm)
             (tmp / "target.spm").write_bytes(loaded.tokenizer.target_spm)
@@ -202,6 +217,19 @@ def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bo
             loaded.tokenizer.save(tmp / checkpoint.TOKENIZER)
 
     return write_export(out, loaded.path, fill)
+
+
+def write_vmap(table, tokenizer: Tokenizer, path: Path) -> None:
+    """A shortlist as CTranslate2's vocabulary map: a line "<source piece>\t<target pieces>" per source
+    piece, and one with an empty source for the pieces always allowed. CTranslate2 decodes a batch
+    over the union of its sentences' candidates (qkv: each sentence over its own)."""
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+    lines = ["\t" + " ".join(pieces[i] for i in table.frequent.tolist())]
+    for s, row in enumerate(table.table.tolist()):
+        targets = [pieces[t] for t in row if t >= 0]
+        if targets:
+            lines.append(pieces[s] + "\t" + " ".join(targets))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def ct2_translate_ids(

@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = {("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")}
+OWN_ONLY = {("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap")}
 
 
 @pytest.fixture
@@ -52,7 +53,9 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
     assert c["missing"] == {} and c["repeats"] == 2 and c["sentences"] == 24
     assert c["same_batches"] == 3 and c["same_batch_sentences"] == 8  # 24 sentences in batches of 8
     cells = {(r["table"], r["engine"], r["compute"], r["beam"]) for r in c["rows"]}
-    assert cells == {(t, e, p, b) for t in ("same", "own") for e, p in ENGINES for b in (1, 5)}
+    assert cells == {(t, e, p, b) for t in ("same", "own") for e, p in ENGINES for b in (1, 5)} | \
+        {("own", e, p, b) for e, p in OWN_ONLY for b in (1, 5)}
+    assert c["shortlist"]["pairs"] == 29_000  # built on the Multi30k training pairs
     for r in c["rows"]:
         assert len(r["seconds"]) == 2 and r["sentences_per_s_min"] <= r["sentences_per_s"] <= r["sentences_per_s_max"]
         assert isinstance(r["load"], float) and isinstance(r["busy"], bool) and 0 <= r["bleu"] <= 100
@@ -61,13 +64,18 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
         if r["engine"] in ("qkv", "ctranslate2") and r["table"] == "own":
             assert "tokens per batch" in r["settings"]
     chosen = {(x["engine"], x["beam"], x["compute"]) for x in c["own_choices"]}
-    assert chosen == {(e, b, p) for e in ("qkv", "ctranslate2") for b in (1, 5) for p in ("float32", "int8")}
+    assert chosen == {(e, b, p) for e in ("qkv", "ctranslate2") for b in (1, 5) for p in ("float32", "int8")} | \
+        {(e, b, p) for e, p in OWN_ONLY for b in (1, 5)}
     targets = {t["target"]: t for t in c["targets"]}
     assert list(targets) == ["beam 5: qkv fp32 / CTranslate2 fp32", "beam 5: qkv int8 / CTranslate2 int8",
+                             "beam 5: qkv fp32+shortlist / CTranslate2 int8+vmap", "beam 5: qkv int8+shortlist / CTranslate2 int8+vmap",
                              "greedy: qkv fp32 / CTranslate2 fp32", "beam 5: qkv fp32 / Hugging Face generate"]
     for name, t in targets.items():
         for table in ("same", "own"):
             cell = t[table]
+            if table == "same" and "shortlist" in name:
+                assert cell == {"available": False, "reason": "own settings only"}
+                continue
             assert cell["available"] and cell["low"] <= cell["ratio"] <= cell["high"]
     for heading in ("**Same batches**", "**Own settings**", "**Targets**",
                     "| engine | compute | beam | sentences/s | min-max | ms/sentence | load | identical to qkv | BLEU |",

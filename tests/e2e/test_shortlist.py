@@ -271,3 +271,34 @@ def test_a_failure_while_adding_leaves_the_checkpoint_as_it_was(random_checkpoin
     with pytest.raises(checkpoint.CheckpointError, match="notes.txt"):  # not verifiable: refused, untouched
         checkpoint.add_file(ck, checkpoint.SHORTLIST, lambda path: path.write_bytes(b""))
     assert (ck / "notes.txt").read_text() == "mine" and not (ck / checkpoint.SHORTLIST).exists()
+
+
+def test_the_ctranslate2_export_carries_the_table_as_its_vocabulary_map(random_checkpoint, tmp_path):
+    import shutil
+
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from conftest import RANDOM_MODEL_SENTENCES
+
+    from qkv.interop.ctranslate2 import export_ctranslate2
+
+    ck = tmp_path / "ck"
+    shutil.copytree(random_checkpoint, ck)
+    loaded = checkpoint.load(ck)
+    tok = loaded.tokenizer
+    pairs = [(tok.encode(s), tok.encode(t)) for s, t in zip(RANDOM_MODEL_SENTENCES[0::2], RANDOM_MODEL_SENTENCES[1::2])]
+    table = shortlist.build(pairs, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size, k=2, frequent=3, always=(tok.eos_id,))
+    checkpoint.add_file(ck, checkpoint.SHORTLIST, lambda path: shortlist.save(table, path))
+    out = export_ctranslate2(ck, tmp_path / "ct2")
+    pieces = tok.pieces(range(tok.vocab_size))
+    lines = (out / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "\t" + " ".join(pieces[i] for i in table.frequent.tolist())
+    expected = {pieces[s]: [pieces[t] for t in row if t >= 0] for s, row in enumerate(table.table.tolist()) if max(row) >= 0}
+    assert {line.split("\t")[0]: line.split("\t")[1].split(" ") for line in lines[1:]} == expected
+
+    engine = ctranslate2.Translator(str(out), device="cpu")
+    source = tok.pieces(tok.encode(RANDOM_MODEL_SENTENCES[0]))
+    allowed = {t for p in source for t in expected.get(p, [])} | set(lines[0].split("\t")[1].split(" "))
+    mapped = engine.translate_batch([source], beam_size=2, use_vmap=True, max_decoding_length=12)[0].hypotheses[0]
+    free = engine.translate_batch([source], beam_size=2, max_decoding_length=12)[0].hypotheses[0]
+    assert set(mapped) <= allowed | {pieces[i] for i in (tok.unk_id, tok.bos_id)}  # CTranslate2 always adds these
+    assert not set(free) <= allowed  # the random model does use other pieces: the map restricted it
