@@ -208,7 +208,7 @@ def _training_pairs(args: argparse.Namespace, loaded):
         prepared = load_prepared(data.data_dir)
         if prepared.tokenizer.model_proto != getattr(tok, "model_proto", None):
             raise QkvError(f"{data.data_dir} holds another tokenizer than {loaded.path}: give --train-src and --train-tgt")
-        ids = prepared.train_ids(loaded.model.config.max_len)
+        ids = prepared.train_ids(min(data.max_len, loaded.model.config.max_len - 1), data.train_limit)  # as the run read them
         yield from zip(ids.src_ids, ids.tgt_ids)
         return
     train, _ = load_corpora(data)

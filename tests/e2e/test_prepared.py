@@ -20,6 +20,7 @@ from qkv.io.prepared import Filters, MappedSide, load_prepared, prepare
 from qkv.data.tasks import date_pairs
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
+from qkv.infer import shortlist
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +136,16 @@ def test_qkv_train_takes_a_prepared_directory_as_its_data_dir(prepared, tmp_path
     assert result.returncode == 0, result.stderr
     start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])
     assert start["train_pairs"] == 500  # the tiny preset's train_limit, of the prepared pairs
+
+    # qkv shortlist counts the run's own training pairs: the prepared arrays, as the run read them
+    added = subprocess.run([sys.executable, "-m", "qkv", "shortlist", "--checkpoint", str(tmp_path / "run"), "--k", "3"],
+                           capture_output=True, text=True, timeout=120)
+    assert added.returncode == 0, added.stderr
+    ids = load_prepared(prepared).train_ids(40, 500)
+    expected = shortlist.build(zip(ids.src_ids, ids.tgt_ids), src_vocab=120, tgt_vocab=120, k=3, always=(3,))
+    final = tmp_path / "run" / "final"
+    table = shortlist.load(final / "shortlist.safetensors", src_vocab=120, tgt_vocab=120)
+    assert table.info["pairs"] == 500 and table.table.equal(expected.table) and table.frequent.equal(expected.frequent)
     refused = subprocess.run([sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--data-dir", str(prepared),
                               "--out", str(tmp_path / "run2"), "--data", "subword_dropout=0.1"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "subword_dropout applies to text corpora" in refused.stderr

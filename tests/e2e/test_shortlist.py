@@ -302,3 +302,26 @@ def test_the_ctranslate2_export_carries_the_table_as_its_vocabulary_map(random_c
     free = engine.translate_batch([source], beam_size=2, max_decoding_length=12)[0].hypotheses[0]
     assert set(mapped) <= allowed | {pieces[i] for i in (tok.unk_id, tok.bos_id)}  # CTranslate2 always adds these
     assert not set(free) <= allowed  # the random model does use other pieces: the map restricted it
+
+
+def test_qkv_shortlist_counts_the_runs_own_multi30k_pairs_by_default(tiny_run, tmp_path):
+    import shutil
+
+    from qkv.data.corpus import load_multi30k
+    from qkv.train.recipes import DataConfig
+    from qkv.model.config import config_from_dict
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    done = qkv("shortlist", "--checkpoint", str(run), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    loaded = checkpoint.load(run / "final")
+    data = config_from_dict(DataConfig, loaded.config["data"])
+    train = load_multi30k("train", data.src_lang, data.tgt_lang, data.data_dir)
+    n = data.train_limit or len(train.src)
+    tok = loaded.tokenizer
+    expected = shortlist.build(((tok.encode(s), tok.encode(t)) for s, t in zip(train.src[:n], train.tgt[:n])),
+                               src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size, always=(tok.eos_id,))
+    table = shortlist.load(run / "final" / checkpoint.SHORTLIST, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size)
+    assert table.info["pairs"] == n and table.table.equal(expected.table) and table.frequent.equal(expected.frequent)
+    assert f"{n:,} pairs counted" in done.stdout
