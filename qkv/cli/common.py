@@ -75,12 +75,37 @@ def decode_args(
         p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+
+
 def workers_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=1,
-                   action=int_at_most(usable_cpus, "this process may use {} CPUs, and a worker runs one thread: more only take turns"),
-                   help="search batches side by side in N processes of one thread each (CPU only; faster for small "
-                        "models, the translations of one process with one thread; default 1; at most the CPUs this "
-                        "process may use: more workers of one thread would only take turns)")
+    at_most = int_at_most(usable_cpus, "this process may use {} CPUs, and a worker runs one thread: more only take turns")
+
+    class Workers(at_most):
+        def __call__(self, parser, namespace, value, option_string=None) -> None:
+            if value == "auto":
+                setattr(namespace, self.dest, value)
+            else:
+                super().__call__(parser, namespace, value, option_string)
+
+    p.add_argument("--workers", type=_workers, default="auto", action=Workers,
+                   help="search batches side by side in N processes of one thread each (CPU only; the translations "
+                        "of one process with one thread; at most the CPUs this process may use: more workers of one "
+                        "thread would only take turns). Default auto: one per CPU this process may use on the CPU, "
+                        "1 on a GPU; an input of one batch is searched in the command's own process")
+
+
+def resolve_workers(args: argparse.Namespace, device) -> int:
+    """``--workers``' count for a model on ``device``: auto is one per usable CPU on the CPU, 1 elsewhere."""
+    if args.workers == "auto":
+        return usable_cpus() if device.type == "cpu" else 1
+    return args.workers
 
 
 def device_arg(p: argparse.ArgumentParser) -> None:
@@ -110,7 +135,8 @@ def int8_device(args: argparse.Namespace):
 
 
 def decoding_model(args: argparse.Namespace):
-    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 if asked."""
+    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 if asked.
+    Also settles ``args.workers`` (auto: ``resolve_workers``)."""
     from qkv.model.cpu import tune_allocator
     from qkv.infer.ensemble import load_ensemble
     from qkv.model.quantize import int8_model
@@ -118,6 +144,8 @@ def decoding_model(args: argparse.Namespace):
     model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
+    if hasattr(args, "workers"):
+        args.workers = resolve_workers(args, model.device)  # auto: now that the device is known
     return (int8_model(model) if args.int8 else model), tokenizer
 
 

@@ -355,20 +355,27 @@ def test_decoding_workers_run_one_thread_each_whatever_the_parent_runs():
 
 def test_workers_through_the_command_line(tiny_run, tmp_path):
     """``qkv translate --workers 2`` writes what one process with one thread writes, line for line,
-    and ``qkv evaluate --workers 2`` scores the same; a bad count is a one-line error."""
+    and ``qkv evaluate --workers 2`` scores the same; without --workers (auto) the commands run one
+    worker per usable CPU, with the same output; a bad count is a one-line error."""
     src = tmp_path / "in.en"
     src.write_text("\n".join(SENTENCES * 4) + "\n")
     qkv = [sys.executable, "-m", "qkv"]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["--checkpoint", str(tiny_run), "--beam", "3", "--batch-tokens", "40"]
-    one = subprocess.run([*qkv, "translate", *common, "-i", str(src)], capture_output=True, text=True, env=one_thread)
+    one = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "1"], capture_output=True, text=True, env=one_thread)
     two = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "2"], capture_output=True, text=True)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert len(two.stdout.splitlines()) == len(SENTENCES) * 4 and two.stdout == one.stdout
     scored = [subprocess.run([*qkv, "evaluate", *common, "--src-file", str(src), "--ref-file", str(src), *extra],
-                             capture_output=True, text=True, env=env) for extra, env in (([], one_thread), (["--workers", "2"], None))]
+                             capture_output=True, text=True, env=env)
+              for extra, env in ((["--workers", "1"], one_thread), (["--workers", "2"], None), ([], None))]
     assert all(r.returncode == 0 for r in scored), scored[1].stderr
-    assert "2 workers" in scored[1].stdout and scored[0].stdout.splitlines()[1] == scored[1].stdout.splitlines()[1]
+    assert "2 workers" in scored[1].stdout and "workers" not in scored[0].stdout.splitlines()[0]
+    assert scored[0].stdout.splitlines()[1] == scored[1].stdout.splitlines()[1] == scored[2].stdout.splitlines()[1]
+    cpus = len(os.sched_getaffinity(0))
+    assert (f", {cpus} workers" in scored[2].stdout.splitlines()[0]) == (cpus > 1)  # auto: one per usable CPU
+    auto = subprocess.run([*qkv, "translate", *common, "-i", str(src)], capture_output=True, text=True)
+    assert auto.returncode == 0 and auto.stdout == one.stdout
     bad = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "workers must be >= 1" in bad.stderr and bad.stdout == ""
 
