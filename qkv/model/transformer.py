@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from qkv.errors import QkvError
 from qkv.model.attention import KVCache, MultiHeadAttention
 from qkv.model.config import ModelConfig
-from qkv.model.kernels import Linear
+from qkv.model.kernels import Linear, linear
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -221,7 +221,7 @@ class OutputSubset:
         B, U = self.valid.shape
         R, T, D = x.shape
         if self.shared:  # one matmul over the union; each sentence's k*T rows masked to its own ids
-            logits = F.linear(x, weight[0], None if bias is None else bias[0]).view(B, R // B * T, U)
+            logits = linear(x, weight[0], None if bias is None else bias[0]).view(B, R // B * T, U)
             return (logits + self.mask[:, None, :].to(logits.dtype)).view(R, T, U)
         logits = torch.bmm(x.reshape(B, R // B * T, D), weight.transpose(1, 2))  # (B, k*T, U)
         logits = logits + self.mask[:, None, :].to(logits.dtype)
