@@ -12,14 +12,23 @@ repeat 1 runs every row once, then repeat 2, ...; the table gives the median and
 that grows with the shapes already seen shows as a slower second half).
 
     python -m benchmarks.real_batches --data ../shared/data/multi30k --out DIR --rows today,all,all_mkl,bf16
+    git worktree add /tmp/qkv-old 6dc7caf    # the main of 2026-11-22, as a row of its own:
+    python -m benchmarks.real_batches --data ../shared/data/multi30k --out DIR --old-main /tmp/qkv-old
 
 writes ``DIR/real_batches.md`` and ``DIR/real_batches.json``.
+
+``--old-main TREE`` adds a row for another checkout of qkv (the main of 2026-11-22, whose package was
+still flat: ``qkv/train.py``): its child runs this file as a script with ``TREE`` first on the path, so
+that ``import qkv`` is that tree's, builds that tree's ``Trainer`` with the preset's model config of
+today (the fields both know) and the same tokenizer, checks that it encodes the corpus to the same
+ids, and times that tree's own ``train_step`` on the very batches today's code draws (passed in a file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -65,6 +74,65 @@ def child(args: argparse.Namespace) -> dict:
     }
 
 
+def old_child(args: argparse.Namespace) -> dict:
+    """One sample of another qkv tree (``--old-main``), imported first: its Trainer and train_step on the given stream."""
+    import dataclasses
+    import hashlib
+    import shutil
+
+    import torch
+
+    import qkv
+    from qkv.config import ModelConfig
+    from qkv.train import Trainer, build_configs
+
+    spec = json.loads(Path(args.spec).read_text())
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    model = {k: v for k, v in spec["model"].items() if k in known and k not in ("src_vocab_size", "tgt_vocab_size", "pad_id")}
+    model_cfg, train_cfg, data_cfg = build_configs("multi30k", model=model, train={"max_tokens": spec["max_tokens"]},
+                                                   data={"data_dir": args.data, "valid_limit": 20, "vocab_size": spec["vocab_size"]})
+    with tempfile.TemporaryDirectory(prefix="qkv-old-main-") as run:
+        shutil.copy(args.tokenizer, Path(run) / "tokenizer.model")  # loaded, not trained again
+        trainer = Trainer(run, model_cfg, train_cfg, data_cfg)
+    ids = trainer.train_ids
+    digest = hashlib.sha256(json.dumps([ids.src_ids, ids.tgt_ids]).encode()).hexdigest()
+    if digest != spec["ids_sha256"]:
+        raise SystemExit("the old tree encodes the corpus to other ids than today's: its batches would not be the same")
+    differs = {k: (getattr(trainer.model_config, k), v) for k, v in spec["model"].items() if k in known and getattr(trainer.model_config, k) != v}
+    warm, stream = spec["warm"], spec["stream"]
+    tokens = sum(len(ids.tgt_ids[i]) + 1 for b in stream for i in b)
+    for batch in warm:
+        trainer.train_step([batch])
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times = []
+    for batch in stream:
+        start = time.perf_counter()
+        trainer.train_step([batch])
+        times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    half = len(times) // 2
+    return {
+        "seconds": sum(times), "tokens": tokens, "steps": len(times), "qkv": qkv.__file__, "model_differs": differs,
+        "ms_first_half": 1e3 * sum(times[:half]) / max(half, 1), "ms_second_half": 1e3 * sum(times[half:]) / max(len(times) - half, 1),
+        "faults_per_step": (after.ru_minflt - before.ru_minflt) / len(times), "threads": torch.get_num_threads(),
+    }
+
+
+def stream_spec(trainer, warmup: int, stream: int) -> dict:
+    """What an ``--old-main`` child needs: today's batches (index lists), the ids' digest, the model config."""
+    import dataclasses
+    import hashlib
+
+    batches = trainer.batches(0)
+    ids = trainer.train_ids
+    return {
+        "warm": [list(map(int, b)) for b in batches[:warmup]], "stream": [list(map(int, b)) for b in batches[warmup : warmup + stream]],
+        "ids_sha256": hashlib.sha256(json.dumps([[list(map(int, s)) for s in ids.src_ids], [list(map(int, t)) for t in ids.tgt_ids]]).encode()).hexdigest(),
+        "model": dataclasses.asdict(trainer.model_config), "max_tokens": trainer.train_cfg.max_tokens,
+        "vocab_size": trainer.data_cfg.vocab_size,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k directory")
@@ -73,9 +141,15 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=150, help="batches timed, in the run's order")
     parser.add_argument("--warmup", type=int, default=20, help="batches before them, untimed")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--old-main", metavar="TREE", help="also time another checkout of qkv (e.g. a worktree of 6dc7caf, the main of 2026-11-22)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--old-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.old_child:
+        print(json.dumps(old_child(args)))
+        return
     if args.child:
         print(json.dumps(child(args)))
         return
@@ -85,6 +159,10 @@ def main() -> None:
 
     labels = {key: label for key, label, flags in ROWS if flags is not None}
     rows = args.rows.split(",")
+    if args.old_main:
+        commit = subprocess.run(["git", "-C", args.old_main, "log", "-1", "--format=%h %ad", "--date=short"], capture_output=True, text=True).stdout.strip()
+        labels["old_main"] = f"the main of {commit.split()[-1] if commit else '?'} ({commit.split()[0] if commit else args.old_main}), its own train_step"
+        rows = ["old_main", *rows]
     if unknown := [r for r in rows if r not in labels]:
         raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(labels)}")
     out = Path(args.out or ".")
@@ -92,15 +170,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="qkv-real-batches-") as work:
         tokenizer = Path(work) / "tokenizer.model"
         configs = build_configs("multi30k", model={}, train={}, data={"data_dir": args.data, "valid_limit": 20})
-        throwaway_trainer(*configs).tokenizer.save(tokenizer)  # trained once: every sample the same vocabulary
+        probe = throwaway_trainer(*configs)
+        probe.tokenizer.save(tokenizer)  # trained once: every sample the same vocabulary
+        spec = Path(work) / "stream.json"
+        if args.old_main:
+            probe = throwaway_trainer(*configs, tokenizer=tokenizer)  # the ids and batches of that tokenizer
+            spec.write_text(json.dumps(stream_spec(probe, args.warmup, args.stream)))
+        del probe
         samples: dict[str, list[dict]] = {row: [] for row in rows}
         for repeat in range(args.repeats):
             for row in rows:
                 load = load_average()[0]
-                result = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.real_batches", "--child", row, "--tokenizer", str(tokenizer), "--data", args.data,
-                     "--stream", str(args.stream), "--warmup", str(args.warmup)], capture_output=True, text=True, check=True,
-                )
+                if row == "old_main":  # this file as a script: sys.path starts with benchmarks/, then the old tree
+                    command = [sys.executable, str(Path(__file__).resolve()), "--old-child", "--spec", str(spec),
+                               "--tokenizer", str(tokenizer), "--data", args.data]
+                    env = {**os.environ, "PYTHONPATH": str(Path(args.old_main).resolve())}
+                else:
+                    command = [sys.executable, "-m", "benchmarks.real_batches", "--child", row, "--tokenizer", str(tokenizer),
+                               "--data", args.data, "--stream", str(args.stream), "--warmup", str(args.warmup)]
+                    env = None
+                result = subprocess.run(command, capture_output=True, text=True, env=env)
+                if result.returncode:
+                    raise SystemExit(f"{row} failed:\n{result.stderr[-3000:]}")
                 sample = json.loads(result.stdout.strip().splitlines()[-1]) | {"load": load}
                 samples[row].append(sample)
                 print(json.dumps({"repeat": repeat, "row": row, "tokens_per_s": round(sample["tokens"] / sample["seconds"]),
@@ -113,14 +204,14 @@ def main() -> None:
                       "ms_first_half": statistics.median(x["ms_first_half"] for x in s),
                       "ms_second_half": statistics.median(x["ms_second_half"] for x in s),
                       "faults_per_step": statistics.median(x["faults_per_step"] for x in s), "max_load": max(x["load"] for x in s)})
-    first = samples[rows[0]][0]
+    first = samples[next(r for r in rows if r != "old_main")][0]
     base = table[0]["tokens_per_s"]
     lines = [
         f"{args.stream} consecutive batches of epoch 0 after {args.warmup} untimed ones ({first['distinct_shapes']} distinct "
         f"batch shapes among the {args.stream}; {first['tokens']:,} target tokens), each sample a fresh process, "
         f"{args.repeats} interleaved repeats, {first['threads']} threads; median (min-max).",
         "",
-        f"| path | target tokens/s | ms/step, first half / second half | page faults/step | x {rows[0]} |",
+        f"| path | target tokens/s | ms/step, first half / second half | page faults/step | x {'the 2026-11-22 main' if rows[0] == 'old_main' else rows[0]} |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in table:
