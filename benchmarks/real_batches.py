@@ -38,10 +38,29 @@ import time
 from pathlib import Path
 
 
-def child(args: argparse.Namespace) -> dict:
-    """One sample: a fresh trainer, ``warmup`` batches untimed, ``stream`` batches timed once."""
+def timed_stream(trainer, warm, stream) -> dict:
+    """``trainer.train_step`` on each ``warm`` batch untimed, then on each ``stream`` batch once, timed."""
     import torch
 
+    for batch in warm:
+        trainer.train_step([batch])
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times = []
+    for batch in stream:
+        start = time.perf_counter()
+        trainer.train_step([batch])
+        times.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    half = len(times) // 2
+    return {
+        "seconds": sum(times), "steps": len(times), "threads": torch.get_num_threads(),
+        "ms_first_half": 1e3 * sum(times[:half]) / max(half, 1), "ms_second_half": 1e3 * sum(times[half:]) / max(len(times) - half, 1),
+        "faults_per_step": (after.ru_minflt - before.ru_minflt) / len(times),
+    }
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One sample: a fresh trainer, ``warmup`` batches untimed, ``stream`` batches timed once."""
     from benchmarks.preset_training import ROWS, _configure
     from benchmarks.probe import throwaway_trainer
     from qkv.train.recipes import build_configs
@@ -57,21 +76,7 @@ def child(args: argparse.Namespace) -> dict:
     ids = trainer.train_ids
     tokens = sum(len(ids.tgt_ids[i]) + 1 for b in stream for i in b)
     shapes = len({(len(b), max(len(ids.src_ids[i]) for i in b), max(len(ids.tgt_ids[i]) for i in b)) for b in stream})
-    for batch in warm:
-        trainer.train_step([batch])
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    times = []
-    for batch in stream:
-        start = time.perf_counter()
-        trainer.train_step([batch])
-        times.append(time.perf_counter() - start)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    half = len(times) // 2
-    return {
-        "seconds": sum(times), "tokens": tokens, "steps": len(times), "distinct_shapes": shapes,
-        "ms_first_half": 1e3 * sum(times[:half]) / max(half, 1), "ms_second_half": 1e3 * sum(times[half:]) / max(len(times) - half, 1),
-        "faults_per_step": (after.ru_minflt - before.ru_minflt) / len(times), "threads": torch.get_num_threads(),
-    }
+    return {**timed_stream(trainer, warm, stream), "tokens": tokens, "distinct_shapes": shapes}
 
 
 def old_child(args: argparse.Namespace) -> dict:
@@ -79,8 +84,6 @@ def old_child(args: argparse.Namespace) -> dict:
     import dataclasses
     import hashlib
     import shutil
-
-    import torch
 
     import qkv
     from qkv.config import ModelConfig
@@ -101,21 +104,7 @@ def old_child(args: argparse.Namespace) -> dict:
     differs = {k: (getattr(trainer.model_config, k), v) for k, v in spec["model"].items() if k in known and getattr(trainer.model_config, k) != v}
     warm, stream = spec["warm"], spec["stream"]
     tokens = sum(len(ids.tgt_ids[i]) + 1 for b in stream for i in b)
-    for batch in warm:
-        trainer.train_step([batch])
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    times = []
-    for batch in stream:
-        start = time.perf_counter()
-        trainer.train_step([batch])
-        times.append(time.perf_counter() - start)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    half = len(times) // 2
-    return {
-        "seconds": sum(times), "tokens": tokens, "steps": len(times), "qkv": qkv.__file__, "model_differs": differs,
-        "ms_first_half": 1e3 * sum(times[:half]) / max(half, 1), "ms_second_half": 1e3 * sum(times[half:]) / max(len(times) - half, 1),
-        "faults_per_step": (after.ru_minflt - before.ru_minflt) / len(times), "threads": torch.get_num_threads(),
-    }
+    return {**timed_stream(trainer, warm, stream), "tokens": tokens, "qkv": qkv.__file__, "model_differs": differs}
 
 
 def stream_spec(trainer, warmup: int, stream: int) -> dict:
