@@ -6,7 +6,6 @@ checkpoint as it was; `--shortlist` decodes with it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections import Counter
