@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.errors import QkvError
+from qkv.model import incremental
 from qkv.model.attention import KVCache, MultiHeadAttention
 from qkv.model.config import ModelConfig
 from qkv.model.kernels import Linear, linear
@@ -164,6 +165,7 @@ class DecoderState:
 
     layers: list[dict[str, KVCache]]
     position: int = 0
+    sources_nonempty: bool | None = None  # every source row holds a real token (``qkv.model.incremental``)
 
     @classmethod
     def empty(cls, n_layers: int, capacity: int = 16) -> DecoderState:
@@ -320,7 +322,10 @@ class Transformer(nn.Module):
         state: DecoderState | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, AttentionWeights | None]:
-        """``decode`` without the output projection: the decoder's output (B, T, D) and weights."""
+        """``decode`` without the output projection: the decoder's output (B, T, D) and weights.
+        A search's step (one token per row, with ``state``) goes through ``qkv.model.incremental``."""
+        if incremental.applies(self, tgt, src_mask, state, need_weights):
+            return incremental.decode_step(self, tgt, memory, src_mask, state), None
         offset = 0 if state is None else state.position
         x = self._embed(self.tgt_embed, tgt, offset)
         weights = AttentionWeights() if need_weights else None

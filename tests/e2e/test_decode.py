@@ -476,3 +476,70 @@ def test_beam_candidates_by_blocks_equal_one_topk_over_every_candidate(V):
     assert beam.tolist() == (flat // V).tolist()
     assert token.tolist() == (flat % V).tolist()
     assert token[3, 0] == V - 1  # found in the last block (short unless V is a multiple of 128)
+
+
+# ---- the incremental step (qkv.model.incremental) ----------------------------------------------
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": False}, {"d_k": 6, "d_v": 10}, {"norm_first": True, "activation": "gelu"}])
+@torch.inference_mode()
+def test_the_incremental_step_gives_the_general_paths_logits_step_by_step(overrides, monkeypatch):
+    from qkv.model import incremental
+
+    model = make_model(7, **overrides)
+    src_ids = sources([6, 1, 11, 3], seed=7)
+    src = batch(src_ids)
+    memory, src_mask, _ = model.encode(src)
+    G = 3  # beams of a sentence side by side: cross-attention folds them
+    memory_rows, mask_rows = memory, src_mask
+    fast, slow = model.new_state(4), model.new_state(4)
+    last = torch.full((len(src_ids) * G, 1), BOS)
+    calls = []
+    step = incremental.decode_step
+    for t in range(6):
+        monkeypatch.setattr(incremental, "decode_step", lambda *a: calls.append(1) or step(*a))
+        a, _ = model.decode(last, memory_rows, mask_rows, state=fast)
+        monkeypatch.setattr(incremental, "applies", lambda *a, **k: False)
+        b, _ = model.decode(last, memory_rows, mask_rows, state=slow)
+        monkeypatch.undo()
+        assert a.shape == b.shape == (len(last), 1, V)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        last = a[:, -1].argmax(-1, keepdim=True)
+        if t == 3:  # beam search drops a finished sentence: every cache keeps the other rows
+            keep = torch.tensor([0, 2, 3])
+            rows = (keep[:, None] * G + torch.arange(G)).view(-1)
+            memory_rows, mask_rows, last = memory_rows[keep], mask_rows[keep], last[rows]
+            for state in (fast, slow):
+                state.reorder(keep, kinds=("cross",))
+                state.reorder(rows, kinds=("self",))
+    assert len(calls) == 6  # the fast path did run
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_searches_translate_the_same_through_the_incremental_step(beam_size, monkeypatch):
+    from qkv.model import incremental
+
+    model = make_model(8)
+    src = batch(sources([6, 1, 11, 3, 8], seed=8))
+    config = DecodeConfig(beam_size=beam_size, n_best=min(2, beam_size))
+    fast = search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+    monkeypatch.setattr(incremental, "applies", lambda *a, **k: False)
+    slow = search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+    assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in slow]
+    if beam_size > 1:
+        for a, b in zip(fast, slow):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+
+
+@torch.inference_mode()
+def test_an_all_padding_source_row_takes_the_general_path():
+    from qkv.model import incremental
+
+    model = make_model(9)
+    src = batch(sources([4, 5], seed=9))
+    src[1] = PAD  # no real token: the general path's guard against a softmax over nothing applies
+    memory, src_mask, _ = model.encode(src)
+    state = model.new_state(4)
+    assert not incremental.applies(model, torch.full((2, 1), BOS), src_mask, state, False)
+    logits, _ = model.decode(torch.full((2, 1), BOS), memory, src_mask, state=state)
+    assert torch.isfinite(logits).all()
