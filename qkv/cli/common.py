@@ -156,7 +156,8 @@ def shortlist_arg(p: argparse.ArgumentParser) -> None:
 
 
 def decoding_shortlist(args: argparse.Namespace, model):
-    """With ``--shortlist``: the first checkpoint's shortlist (an ensemble shares its vocabulary); else None."""
+    """With ``--shortlist``: the first checkpoint's shortlist (an ensemble shares its vocabulary); else None.
+    Call it after ``decoding_model``, whose load verified every file of the manifest, the shortlist's too."""
     if not getattr(args, "shortlist", False):
         return None
     from qkv.infer import shortlist
@@ -165,7 +166,6 @@ def decoding_shortlist(args: argparse.Namespace, model):
     first = checkpoint.resolve(args.checkpoint[0] if isinstance(args.checkpoint, list) else args.checkpoint)
     if not (first / checkpoint.SHORTLIST).is_file():
         raise QkvError(f"{first} has no shortlist: add one with qkv shortlist --checkpoint {first}")
-    checkpoint.verify(first)
     return shortlist.load(first / checkpoint.SHORTLIST, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size)
 
 

@@ -30,13 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from qkv.errors import QkvError
 
-FILE = "shortlist.safetensors"
 DEFAULT_K = 20
 DEFAULT_FREQUENT = 200
 
@@ -160,10 +159,8 @@ def load(path: str | Path, *, src_vocab: int, tgt_vocab: int) -> Shortlist:
     """Read a shortlist and check it against the model's vocabularies (ids out of range are refused)."""
     path = Path(path)
     try:
-        tensors = load_file(str(path))
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as handle:
+        with safe_open(str(path), "pt") as handle:  # one read: the tensors and the metadata
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
             info = json.loads((handle.metadata() or {}).get("qkv", "{}"))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise QkvError(f"{path} cannot be read as a shortlist ({error})") from None

@@ -365,6 +365,8 @@ def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *,
     ``save`` does: a crash leaves the checkpoint as it was (or its whole copy under ``NAME.old/``).
     An existing ``name`` is replaced only with ``replace``.
     """
+    if name not in FILES - {*REQUIRED, MANIFEST}:
+        raise CheckpointError(f"{name} is not an optional checkpoint file")
     directory = resolve(directory)
     if moved_aside(directory):
         raise CheckpointError(f"{directory} is the copy an interrupted save left: load it with qkv, or save it again, before adding to it")
@@ -373,8 +375,6 @@ def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *,
     if others:  # the checkpoint is copied and replaced whole: never with someone's files in it
         raise CheckpointError(f"{directory} also holds {others[0]}, which is not a checkpoint file: refusing to rewrite it "
                               "(move that file out of the checkpoint first)")
-    if name not in FILES - {*REQUIRED, MANIFEST}:
-        raise CheckpointError(f"{name} is not an optional checkpoint file")
     if (directory / name).exists() and not replace:
         raise CheckpointError(f"{directory} already holds {name}: give --force to replace it")
     with _locked(directory.parent):
