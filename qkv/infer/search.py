@@ -214,13 +214,13 @@ def restricted(
     if shared:
         union = torch.cat(rows).unique()  # (U,) sorted
         valid = torch.stack([torch.isin(union, r) for r in rows])  # (B, U)
-        return OutputSubset(union[None].to(device), valid.to(device)), ()
+        return OutputSubset.from_valid(union[None].to(device), valid.to(device)), ()
     U = max(len(r) for r in rows)
     padded = torch.full((len(rows), U), eos_id, dtype=torch.long)
     valid = torch.zeros(len(rows), U, dtype=torch.bool)
     for b, r in enumerate(rows):
         padded[b, : len(r)], valid[b, : len(r)] = r, True
-    return OutputSubset(padded.to(device), valid.to(device)), ()
+    return OutputSubset.from_valid(padded.to(device), valid.to(device)), ()
 
 
 def _decode(model: SearchModel, last: Tensor, memory: Any, src_mask: Tensor, state: Any, subset: OutputSubset | None):

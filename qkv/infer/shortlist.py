@@ -1,4 +1,4 @@
-"""Vocabulary shortlists: decode over the target pieces a batch's sources make likely, not all of them.
+"""Vocabulary shortlists: decode each sentence over the target pieces its source makes likely, not all of them.
 
 For a small model the output layer is most of a decoder step (d_model 128, 4 decoder layers, d_ff 256,
 8,000 pieces: about 60% of its multiply-adds), and the log-softmax and top-k that follow it are over

@@ -74,7 +74,7 @@ class Translator:
     one thread each (``qkv.infer.workers``), which gives the same translations faster when the model is
     small; the processes start at the first translation and end with ``close()`` (or ``with``).
 
-    ``shortlist``: each batch is searched over the target pieces its sources make likely
+    ``shortlist``: each sentence is searched over the target pieces its source makes likely
     (``qkv.infer.shortlist``): faster, an approximation of the exact search.
 
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``

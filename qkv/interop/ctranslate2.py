@@ -203,12 +203,10 @@ def export_ctranslate2(checkpoint_dir: str | Path, out: str | Path, *, force: bo
         table = None
 
     def fill(tmp: Path) -> None:
-        if table is not None:  # spec.save copies the map in as vmap.txt
-            with tempfile.TemporaryDirectory(prefix="qkv-vmap-") as where:
+        with tempfile.TemporaryDirectory(prefix="qkv-vmap-") as where:
+            if table is not None:  # spec.save copies the map in as vmap.txt
                 write_vmap(table, loaded.tokenizer, Path(where) / "vmap.txt")
                 spec.register_vocabulary_mapping(str(Path(where) / "vmap.txt"))
-                spec.save(str(tmp))
-        else:
             spec.save(str(tmp))
         if isinstance(loaded.tokenizer, MarianTokenizer):
             (tmp / "source.spm").write_bytes(loaded.tokenizer.source_spm)

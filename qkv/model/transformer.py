@@ -181,7 +181,8 @@ class DecoderState:
 
 class OutputSubset:
     """For each sentence of a batch, the only target ids a search scores (a vocabulary shortlist,
-    ``qkv.infer.shortlist``): ``ids`` (B, U), each row padded past its ``valid`` (B, U) entries.
+    ``qkv.infer.shortlist``): ``ids`` (B, U), each row padded past its valid entries, which an additive
+    ``mask`` (B, U) of 0 / -inf marks (``from_valid``).
 
     ``project`` gives the logits of each sentence's own U ids, -inf at the padding: the rows of the
     output projection are gathered once per sentence and model (per generator) and kept while the
@@ -190,21 +191,26 @@ class OutputSubset:
     the U rows run in fp32. Index a subset (``subset[keep]``) as the search drops finished sentences.
     """
 
-    def __init__(self, ids: Tensor, valid: Tensor, rows: dict[int, tuple[Tensor, Tensor | None]] | None = None) -> None:
-        self.ids, self.valid = ids, valid  # (B, U) int64 or (1, U): one list for all; (B, U) bool
-        self.mask = torch.zeros(valid.shape, device=valid.device).masked_fill_(~valid, float("-inf"))  # (B, U)
+    def __init__(self, ids: Tensor, mask: Tensor, rows: dict[int, tuple[Tensor, Tensor | None]] | None = None) -> None:
+        self.ids = ids  # (B, U) int64, or (1, U): one list for all
+        self.mask = mask  # (B, U): 0 where a sentence may produce the id, -inf elsewhere
         self._rows = {} if rows is None else rows
+
+    @classmethod
+    def from_valid(cls, ids: Tensor, valid: Tensor) -> OutputSubset:
+        """``valid`` (B, U) bool: which of ``ids`` each sentence may produce."""
+        return cls(ids, torch.zeros(valid.shape, device=valid.device).masked_fill_(~valid, float("-inf")))
 
     @property
     def shared(self) -> bool:
         """Whether all sentences score the same U ids (their union), each masked to its own."""
-        return self.ids.size(0) == 1 and self.valid.size(0) != 1
+        return self.ids.size(0) == 1 and self.mask.size(0) != 1
 
     def __getitem__(self, index: Tensor) -> OutputSubset:
         if self.shared:
-            return OutputSubset(self.ids, self.valid[index], self._rows)
+            return OutputSubset(self.ids, self.mask[index], self._rows)
         rows = {key: (w[index], None if b is None else b[index]) for key, (w, b) in self._rows.items()}
-        return OutputSubset(self.ids[index], self.valid[index], rows)
+        return OutputSubset(self.ids[index], self.mask[index], rows)
 
     def positions_to_ids(self, positions: Tensor) -> Tensor:
         """(B, n) positions in each sentence's U ids -> target ids."""
@@ -220,7 +226,7 @@ class OutputSubset:
             ids = self.ids.to(weight.device)
             rows = self._rows[id(generator)] = (weight[ids].to(x.dtype), None if bias is None else bias[ids].to(x.dtype))
         weight, bias = rows  # (B, U, D), (B, U); shared: (1, U, D), (1, U)
-        B, U = self.valid.shape
+        B, U = self.mask.shape
         R, T, D = x.shape
         if self.shared:  # one matmul over the union; each sentence's k*T rows masked to its own ids
             logits = linear(x, weight[0], None if bias is None else bias[0]).view(B, R // B * T, U)
