@@ -338,6 +338,15 @@ def test_decoding_workers_give_the_translations_of_one_process(trained, beam_siz
     assert two == one
 
 
+def test_an_input_of_one_batch_is_searched_without_starting_workers(trained):
+    """What `--workers auto` relies on for a line typed at a terminal: one batch stays in the process."""
+    with Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=2), workers=2) as translator:
+        translator.translate(SENTENCES[:1])
+        assert translator._pool is None
+        translator.translate(SENTENCES * 40)  # more than one batch of 2,048 tokens
+        assert translator._pool is not None
+
+
 def test_decoding_workers_run_one_thread_each_whatever_the_parent_runs():
     """However many threads the command runs (here 4), a worker runs one: the layout that makes its
     sums round as one process with one thread does."""
