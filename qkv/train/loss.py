@@ -53,14 +53,20 @@ class _ProjectedLoss(torch.autograd.Function):
         if smoothing:  # sum(z) over the vocabulary is h . w_sum + b_sum
             w_sum, b_sum = weight.sum(0), (bias.sum() if bias is not None else 0)  # (D,), ()
         h_mm, w_mm = (hidden, weight) if low is None else (hidden.to(low), weight.to(low))  # the products' operands
+        # Every chunk's (n, V) blocks go into the same buffers: a fresh block of this size costs page
+        # faults each time (measured: the bf16 casts took 3x as long into new memory as into reused).
+        rows_ = min(chunk, N)
+        z_buf = hidden.new_empty(rows_, V)  # the logits, then E, in the inputs' dtype
+        low_buf = hidden.new_empty(rows_, V, dtype=low) if low is not None else None  # bf16: the product, then E
         for start in range(0, N, chunk):
             h, t = hidden[start : start + chunk], target[start : start + chunk]  # (n, D), (n,)
+            n = h.size(0)
             if low is None:
-                z = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()  # (n, V)
-            else:
-                z = (h_mm[start : start + chunk] @ w_mm.t()).to(hidden.dtype)  # (n, V): the product in bf16
-                if bias is not None:
-                    z += bias
+                z = torch.mm(h, weight.t(), out=z_buf[:n])  # (n, V)
+            else:  # the product in bf16, read into float32
+                z = z_buf[:n].copy_(torch.mm(h_mm[start : start + chunk], w_mm.t(), out=low_buf[:n]))
+            if bias is not None:
+                z += bias
             rows = -on_target * z.gather(1, t[:, None]).squeeze(1)  # (n,)
             if smoothing:
                 rows -= uniform * (h @ w_sum + b_sum)  # e/V sum(z)
@@ -71,7 +77,7 @@ class _ProjectedLoss(torch.autograd.Function):
             if not need_grad:
                 continue
             inv = total.reciprocal_()  # (n, 1): the softmax is E * inv
-            E_mm = E if low is None else E.to(low)
+            E_mm = E if low is None else low_buf[:n].copy_(E)
             scaled = h * inv  # (n, D)
             # the gradient of h: (E W) / s - (1 - e) W[target] - e/V w
             g_h = torch.mm(E_mm, w_mm).to(h.dtype).mul_(inv)  # (n, V) @ (V, D)
