@@ -40,8 +40,10 @@ from qkv.data.corpus import collate
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer, cpu_bf16_loss
 
-OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False}
-NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False, "onednn": True}
+OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False,
+       "bf16_layers": False}
+NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": False, "bf16": False, "onednn": True,
+       "bf16_layers": False}
 ROWS = [  # (key, label, flags)
     ("today", "today's path (every speed-up off)", OLD),
     ("allocator", "+ glibc kept from returning memory (tune_allocator)", {**OLD, "tune_allocator": True}),
@@ -53,8 +55,11 @@ ROWS = [  # (key, label, flags)
     ("all_mkl", "the default with MKL's linear layers (onednn=false)", {**NEW, "onednn": False}),
     ("all_fast_dropout", "the default + fast_dropout", {**NEW, "fast_dropout": True}),
     ("bf16", "the default + the output layer and loss in bf16 (--bf16, opt-in: rounds the logits)", {**NEW, "bf16": True}),
+    ("bf16_layers", "the default + --bf16 + the linear layers' products in bf16 (bf16_layers, opt-in: rounds them)",
+     {**NEW, "bf16": True, "bf16_layers": True}),
     ("bf16_mkl", "the default + --bf16, with MKL's linear layers (onednn=false)", {**NEW, "bf16": True, "onednn": False}),
-    ("all_opt_in", "the default + fast_dropout + bf16 (every opt-in speed-up)", {**NEW, "fast_dropout": True, "bf16": True}),
+    ("all_opt_in", "the default + fast_dropout + bf16 + bf16_layers (every opt-in speed-up)",
+     {**NEW, "fast_dropout": True, "bf16": True, "bf16_layers": True}),
     ("autocast", "the default under whole-step bf16 autocast (not offered on the CPU: plain loss)", {**NEW, "fused_loss": False, "autocast": True}),
     ("torch_transformer", "torch.nn.Transformer loop (pre-LN, same batches, tuned allocator, fused Adam)", None),
 ]
@@ -106,6 +111,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
     trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
+    trainer.linear_bf16 = trainer.loss_bf16 and cfg.bf16_layers and cfg.onednn
     kernels.prefer_onednn(cfg.onednn)
     for module in list(trainer.model.modules()):  # nn.Dropout or FastDropout, as the flag says
         for name, child in module.named_children():

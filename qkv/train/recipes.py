@@ -96,6 +96,7 @@ class TrainConfig:
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
     fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
     onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.model.kernels)
+    bf16_layers: bool = False  # CPU, with --bf16 and onednn: the linear layers' products in bf16 too (opt-in: rounds them)
 
     def __post_init__(self) -> None:
         if isinstance(self.time_budget, str):  # a duration, as --time-budget takes it: "90s", "45m", "1.5h"

@@ -55,8 +55,8 @@ from qkv.train.stopping import Abandoned, StopRequested, StopSignals
 from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
-# and seed, and the last two change the numbers an exact resume repeats (dropout's draws, oneDNN's rounding).
-FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn")
+# and seed, and the last three change the numbers an exact resume repeats (dropout's draws, the products' rounding).
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn", "bf16_layers")
 # Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
 NOT_BITWISE_ON_RESUME = ("adam",)
 # Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
@@ -164,10 +164,15 @@ class Trainer:
             device_ids = [self.device] if self.device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
         # bf16: autocast on a GPU; on a CPU with native bfloat16 matmuls, the fused loss's three
-        # products (the output layer, 4x faster there; whole-step autocast is slower on the CPU).
+        # products (the output layer, 4x faster there), and with bf16_layers the linear layers' products
+        # on oneDNN (2x; whole-step autocast, which casts around every op, was slower than float32 on the CPU).
         self.autocast = train.bf16 and self.device.type == "cuda"
         self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
         self.loss_bf16 = cpu_bf16_loss(train, self.device)
+        self.linear_bf16 = self.loss_bf16 and train.bf16_layers and train.onednn
+        if train.bf16_layers and not self.linear_bf16 and self.device.type == "cpu" and self.dist.is_main:
+            warnings.warn("bf16_layers needs --bf16 on a CPU with bfloat16 matmuls and onednn=true: the linear layers stay in float32",
+                          stacklevel=2)
         if train.bf16 and not (self.autocast or self.loss_bf16) and self.dist.is_main:
             why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
             warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32", stacklevel=2)
@@ -383,7 +388,8 @@ class Trainer:
             # accumulate locally. (Ranks may hold different numbers of micro-batches at an epoch's end:
             # each still all-reduces exactly once.)
             is_last = i == len(inputs) - 1
-            with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext():
+            with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext(), \
+                    kernels.bf16_products(self.linear_bf16):
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
                 gen, smoothing = self.model.generator, cfg.label_smoothing  # fused: the projection inside the loss, in chunks
@@ -470,8 +476,11 @@ class Trainer:
     @property
     def bf16_mode(self) -> str | None:
         """Where training computes in bfloat16: "autocast" (a GPU), "output layer" (the CPU's fused
-        loss), or None (float32 throughout)."""
-        return "autocast" if self.autocast else "output layer" if self.loss_bf16 else None
+        loss), "linear and output layers" (the CPU with ``bf16_layers``: the linear layers' products
+        too), or None (float32 throughout)."""
+        if self.autocast:
+            return "autocast"
+        return ("linear and output layers" if self.linear_bf16 else "output layer") if self.loss_bf16 else None
 
     def run(self, *, progress: bool = True) -> TrainResult:
         """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.model import cpu
+from qkv.model import cpu, kernels
 from qkv.model.config import ModelConfig
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model.transformer import Transformer
@@ -94,6 +94,31 @@ def test_bf16_on_the_cpu_is_used_only_with_native_bfloat16(monkeypatch, tmp_path
     monkeypatch.setattr(cpu, "cpu_has_bf16", lambda: False)
     with pytest.warns(UserWarning, match="no native bfloat16"):
         assert not trainer(tmp_path / "emulated", dates_tsv, bf16=True).loss_bf16
+
+
+def test_bf16_training_steps_multiply_the_linear_layers_in_bfloat16_and_nothing_else(monkeypatch, tmp_path, dates_tsv):
+    """--bf16 with bf16_layers on a CPU with native bfloat16: a train step's linear layers run inside
+    ``kernels.bf16_products`` (their products in bfloat16), validation's do not, and the setting
+    is gone after the step; --bf16 alone (the output layer) and float32 training never enter it."""
+    monkeypatch.setattr(cpu, "cpu_has_bf16", lambda: True)
+    seen = []
+    modes = {"layers": "linear and output layers", "bf16": "output layer", "fp32": None}
+    for name, flags in (("layers", {"bf16": True, "bf16_layers": True}), ("bf16", {"bf16": True}), ("fp32", {})):
+        t = trainer(tmp_path / name, dates_tsv, **flags)
+        assert t.linear_bf16 is (name == "layers") and t.bf16_mode == modes[name]
+        layer = t.model.encoder_layers[0].self_attn.in_proj
+        assert isinstance(layer, kernels.Linear)
+        hook = layer.register_forward_hook(lambda *_: seen.append((name, torch.is_grad_enabled(), kernels._bf16_products)))
+        t.train_step(t.batches(0)[:1])
+        with torch.no_grad():
+            t.model.eval()
+            t.model(*t._collate(t.batches(0)[0])[:2])
+        hook.remove()
+        assert kernels._bf16_products is False
+    assert seen == [("layers", True, True), ("layers", False, False), ("bf16", True, False), ("bf16", False, False),
+                    ("fp32", True, False), ("fp32", False, False)]
+    with pytest.warns(UserWarning, match="bf16_layers needs --bf16"):
+        assert not trainer(tmp_path / "alone", dates_tsv, bf16_layers=True).linear_bf16
 
 
 def test_padding_positions_get_no_gradient_and_change_nothing():

@@ -158,3 +158,47 @@ def test_checking_for_onednn_leaves_the_global_random_state_alone():
     state = torch.get_rng_state()
     kernels.onednn_available()
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to bfloat16, back in float32."""
+    return x.to(torch.bfloat16).float()
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf16_products_multiply_in_bfloat16_and_keep_float32_around_them(bias, onednn_calls):
+    """Within ``bf16_products`` a training product is x W^T on bfloat16 operands, rounded to bfloat16,
+    plus the float32 bias; dx = dy W and dW = dy^T x on bfloat16 operands; db the float32 sum of dy.
+    Every tensor that leaves the layer is float32, and the results are not float32's (really bf16)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, 16, generator=g, requires_grad=True)
+    w = torch.randn(24, 16, generator=g, requires_grad=True)
+    b = torch.randn(24, generator=g, requires_grad=True) if bias else None
+    dy = torch.randn(3, 5, 24, generator=g)
+    with kernels.bf16_products():
+        out = linear(x, w, b)
+        out.backward(dy)
+    assert onednn_calls[0] == 2  # the product and dx (dW: a bfloat16 mm)
+    assert out.dtype == x.grad.dtype == w.grad.dtype == torch.float32
+    want = _bf16(_bf16(x) @ _bf16(w).t()) + (b if bias else 0)
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+    assert (out - F.linear(x, w, b)).abs().max() > 1e-4  # not the float32 product
+    torch.testing.assert_close(x.grad, _bf16(dy) @ _bf16(w), rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad, _bf16(dy).reshape(-1, 24).t() @ _bf16(x).reshape(-1, 16), rtol=1e-2, atol=5e-2)
+    if bias:
+        torch.testing.assert_close(b.grad, dy.reshape(-1, 24).sum(0))  # float32, exact to the order of the sum
+
+
+@needs_onednn
+def test_bf16_products_leave_inference_and_the_world_outside_in_float32():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(4, 16, generator=g), torch.randn(8, 16, generator=g)
+    with kernels.bf16_products(), torch.no_grad():
+        inside = linear(x, w)  # no gradient: validation, translation
+    torch.testing.assert_close(inside, F.linear(x, w), atol=1e-5, rtol=1e-5)
+    with kernels.bf16_products(False):
+        assert linear(x, w.requires_grad_()).grad_fn.name() == "_OneDNNLinearBackward"
+    with pytest.raises(RuntimeError), kernels.bf16_products():
+        raise RuntimeError("a failed step")
+    assert linear(x, w).grad_fn.name() == "_OneDNNLinearBackward"  # restored, even after an error
