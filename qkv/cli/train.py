@@ -149,7 +149,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
     if ctx.is_main:
         where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
-        where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16", None: ""}[trainer.bf16_mode]
+        where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16",
+                  "linear and output layers": ", linear layers, output layer and loss in bf16", None: ""}[trainer.bf16_mode]
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_ids.src_ids):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)

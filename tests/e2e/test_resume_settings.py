@@ -29,7 +29,7 @@ def short_run(tmp_path_factory) -> Path:
     return where / "run"
 
 
-@pytest.mark.parametrize(("key", "value"), [("fast_dropout", True), ("onednn", False), ("seed", 2)])
+@pytest.mark.parametrize(("key", "value"), [("fast_dropout", True), ("onednn", False), ("bf16_layers", True), ("seed", 2)])
 def test_resume_refuses_what_would_change_the_numbers_of_an_exact_resume(short_run, key, value):
     with pytest.raises(ConfigError, match=f"--resume cannot change {key} "):
         Trainer.resume(short_run, **{key: value})
