@@ -38,7 +38,7 @@ from qkv.model.dropout import FastDropout
 from qkv.train.recipes import adam_kernel
 from qkv.data.corpus import collate
 from qkv.train.recipes import build_configs
-from qkv.train.trainer import Trainer, cpu_bf16_loss
+from qkv.train.trainer import Trainer, cpu_bf16_layers, cpu_bf16_loss
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False,
        "bf16_layers": False}
@@ -111,7 +111,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     trainer.train_cfg = cfg = replace(base, **flags)
     trainer.fused_loss = cfg.fused_loss
     trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
-    trainer.linear_bf16 = trainer.loss_bf16 and cfg.bf16_layers and cfg.onednn
+    trainer.linear_bf16 = cpu_bf16_layers(cfg, trainer.device)
     kernels.prefer_onednn(cfg.onednn)
     for module in list(trainer.model.modules()):  # nn.Dropout or FastDropout, as the flag says
         for name, child in module.named_children():

@@ -10,7 +10,8 @@ autocast, whose casts happen in ``F.linear``'s dispatch), with the input's gradi
 (``_OneDNNLinear``: PyTorch gives its op no backward), ``F.linear`` everywhere else (a GPU, bf16,
 int8, and products of fewer than ``MIN_OUTPUTS`` outputs, where oneDNN's call costs more than it saves). The two differ only in the order of their additions (a few ulps); ``tests/unit/test_kernels.py``
 checks them against each other. ``prefer_onednn(False)`` (``--train onednn=false``) goes back to
-``F.linear`` for the whole process.
+``F.linear`` for the whole process. Within ``bf16_products`` (``--train bf16_layers=true``) training's
+products run in bfloat16 instead (``_BF16Linear``).
 """
 
 from __future__ import annotations
@@ -133,9 +134,9 @@ class _BF16Linear(torch.autograd.Function):
 @contextlib.contextmanager
 def bf16_products(on: bool = True):
     """Within it (``on``), the fp32 linear layers that training runs on oneDNN multiply in bfloat16
-    (``_BF16Linear``): ``--bf16`` on a CPU with native bfloat16 matmuls, where they ran 2x faster than
-    in float32 (4,096 positions, the preset's shapes). Products without gradients (validation,
-    translation) stay float32. Not thread-safe: one training at a time per process."""
+    (``_BF16Linear``): ``--train bf16_layers=true`` with ``--bf16`` on a CPU with native bfloat16
+    matmuls (docs/cpu-speed.md). Products without gradients (validation, translation) stay float32.
+    Not thread-safe: one training at a time per process."""
     global _bf16_products
     previous, _bf16_products = _bf16_products, on
     try:

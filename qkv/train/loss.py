@@ -54,10 +54,10 @@ class _ProjectedLoss(torch.autograd.Function):
             w_sum, b_sum = weight.sum(0), (bias.sum() if bias is not None else 0)  # (D,), ()
         h_mm, w_mm = (hidden, weight) if low is None else (hidden.to(low), weight.to(low))  # the products' operands
         # Every chunk's (n, V) blocks go into the same buffers: a fresh block of this size costs page
-        # faults each time (measured: the bf16 casts took 3x as long into new memory as into reused).
-        rows_ = min(chunk, N)
-        z_buf = hidden.new_empty(rows_, V)  # the logits, then E, in the inputs' dtype
-        low_buf = hidden.new_empty(rows_, V, dtype=low) if low is not None else None  # bf16: the product, then E
+        # faults each time (--bf16's step 1.06x faster with the buffers: docs/benchmarks.md, (b)).
+        block = min(chunk, N)  # rows of the largest chunk
+        z_buf = hidden.new_empty(block, V)  # the logits, then E, in the inputs' dtype
+        low_buf = hidden.new_empty(block, V, dtype=low) if low is not None else None  # bf16: the product, then E
         for start in range(0, N, chunk):
             h, t = hidden[start : start + chunk], target[start : start + chunk]  # (n, D), (n,)
             n = h.size(0)

@@ -82,6 +82,12 @@ def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
     return train.bf16 and device.type == "cpu" and train.fused_loss and cpu.cpu_has_bf16()
 
 
+def cpu_bf16_layers(train: TrainConfig, device: torch.device) -> bool:
+    """Whether ``bf16_layers`` puts the linear layers' products in bfloat16 too: where ``--bf16``
+    does so for the loss and the layers run on oneDNN (``kernels.bf16_products``)."""
+    return train.bf16_layers and train.onednn and cpu_bf16_loss(train, device)
+
+
 class Trainer:
     """One training run in ``run_dir``; ``Trainer.resume(run_dir)`` continues it after a crash.
 
@@ -169,7 +175,7 @@ class Trainer:
         self.autocast = train.bf16 and self.device.type == "cuda"
         self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
         self.loss_bf16 = cpu_bf16_loss(train, self.device)
-        self.linear_bf16 = self.loss_bf16 and train.bf16_layers and train.onednn
+        self.linear_bf16 = cpu_bf16_layers(train, self.device)
         if train.bf16_layers and not self.linear_bf16 and self.device.type == "cpu" and self.dist.is_main:
             warnings.warn("bf16_layers needs --bf16 on a CPU with bfloat16 matmuls and onednn=true: the linear layers stay in float32",
                           stacklevel=2)
