@@ -115,3 +115,19 @@ def test_shape_cost_times_every_shape_on_the_same_batches(multi30k):
                       smoke=True)
     assert list(seconds) == ["preset", "ff512"]
     assert all(len(s) == 2 and all(x > 0 for x in s) for s in seconds.values())
+
+
+def test_stream_lines_times_every_setting_on_the_same_lines(random_checkpoint, multi30k, tmp_path):
+    out = tmp_path / "stream.json"
+    command = [sys.executable, "-m", "benchmarks.stream_lines", "--checkpoint", str(random_checkpoint), "--data-dir",
+               str(multi30k), "--workers", "1", "--threads", "1", "--repeats", "2", "--first", "60", "--settings", "256x2048x128,32x512x16",
+               "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["lines"], r["max_tokens"], r["max_sentences"]) for r in rows] == [(256, 2048, 128), (32, 512, 16)]
+    for r in rows:  # val's first 60 lines; the batching never changes a translation
+        assert r["sentences"] == 60 and r["same_as_first"] == 60
+        assert r["sentences_per_s_min"] <= r["sentences_per_s"] <= r["sentences_per_s_max"]
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "exists" in again.stderr  # never overwrites a result
