@@ -27,20 +27,17 @@ from qkv.io import checkpoint
 from qkv.model import cpu
 
 
-def measure(ckpt: str, source: bytes, settings: list[tuple[int, int, int]], *, beam: int, alpha: float, workers: int,
-            repeats: int) -> list[dict]:
-    loaded = checkpoint.load(ckpt)
+def measure(loaded: checkpoint.Checkpoint, source: bytes, settings: list[tuple[int, int, int]], *, beam: int, alpha: float,
+            workers: int, repeats: int) -> list[dict]:
     config = DecodeConfig(beam_size=beam, length_penalty=alpha)
     translators = {s: T.Translator(loaded.model, loaded.tokenizer, config, max_tokens=s[1], max_sentences=s[2], workers=workers)
                    for s in settings}
     n = source.count(b"\n")
-    default = T.STREAM_LINES
 
     def run(setting: tuple[int, int, int]) -> tuple[str, float]:
-        T.STREAM_LINES = setting[0]
         out = io.StringIO()
         started = time.perf_counter()
-        T.translate_stream(translators[setting], io.BytesIO(source), out, name="source")
+        T.translate_stream(translators[setting], io.BytesIO(source), out, name="source", lines=setting[0])
         return out.getvalue(), time.perf_counter() - started
 
     seconds: dict[tuple, list[float]] = {s: [] for s in settings}
@@ -54,7 +51,6 @@ def measure(ckpt: str, source: bytes, settings: list[tuple[int, int, int]], *, b
                     outputs[s], t = run(s)
                     seconds[s].append(t)
     finally:
-        T.STREAM_LINES = default
         for translator in translators.values():
             translator.close()
     first = outputs[settings[0]].splitlines()
@@ -86,20 +82,22 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"{args.out} exists: choose a new file")
     torch.set_num_threads(args.threads)
     cpu.tune_allocator()
-    src_lang = checkpoint.load(args.checkpoint).config.get("data", {}).get("src_lang", "en")
+    loaded = checkpoint.load(args.checkpoint)
+    src_lang = loaded.config.get("data", {}).get("src_lang", "en")
     source = gzip.open(Path(args.data_dir) / f"{args.split}.{src_lang}.gz").read()
     if args.first:
         source = b"".join(source.splitlines(keepends=True)[: args.first])
     settings = [tuple(int(x) for x in s.split("x")) for s in args.settings.split(",")]
     load = check_load("stream_lines", args.threads, print)
-    rows = measure(args.checkpoint, source, settings, beam=args.beam, alpha=args.alpha, workers=args.workers, repeats=args.repeats)
+    rows = measure(loaded, source, settings, beam=args.beam, alpha=args.alpha, workers=args.workers, repeats=args.repeats)
     print(f"{args.split}, beam {args.beam}, {args.workers} worker(s), {args.repeats} repeats, load {load:.2f} before")
     for r in rows:
         print(f"lines {r['lines']:>5} x tokens {r['max_tokens']:>5} x sentences {r['max_sentences']:>4}: "
               f"{r['sentences_per_s']:7.1f} sentences/s ({r['sentences_per_s_min']:.0f}-{r['sentences_per_s_max']:.0f}), "
               f"same as the first {r['same_as_first']}/{r['sentences']}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "load_1min": load, "rows": rows}, indent=1) + "\n")
+        with open(args.out, "x", encoding="utf-8") as f:  # "x": never over a file that appeared meanwhile
+            f.write(json.dumps({"args": vars(args), "load_1min": load, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

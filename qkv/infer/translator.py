@@ -186,13 +186,14 @@ class Translator:
 STREAM_LINES = 1024
 
 
-def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1) -> None:
+def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1, lines: int | None = None) -> None:
     """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
 
-    Interactive input is answered line by line; files and pipes are translated ``STREAM_LINES`` (1,024) lines at a time.
-    With ``n_best`` > 1 each line holds the N best, tab-separated with their scores.
+    Interactive input is answered line by line; files and pipes are translated ``lines`` (default
+    ``STREAM_LINES``, 1,024) lines at a time. With ``n_best`` > 1 each line holds the N best,
+    tab-separated with their scores.
     """
-    chunk = 1 if getattr(source, "isatty", lambda: False)() else STREAM_LINES
+    chunk = 1 if getattr(source, "isatty", lambda: False)() else lines or STREAM_LINES
     buffer: list[str] = []
     for line in input_lines(source, name):
         buffer.append(line)

@@ -127,7 +127,7 @@ def test_closing_stdout_early_is_quiet(cli_run):
         [sys.executable, "-m", "qkv", "translate", "--checkpoint", str(run), "--beam", "1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    proc.stdin.write("A dog runs in the park.\n" * 3000)  # three chunks of 1,024 lines, more than a pipe's buffer holds
+    proc.stdin.write("A dog runs in the park.\n" * 3000)  # three windows of 1,024 lines (translate_stream)
     proc.stdin.close()
     first = proc.stdout.readline()
     proc.stdout.close()
