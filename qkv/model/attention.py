@@ -85,6 +85,10 @@ class KVCache:
 # two ran about even at m = n = 256 (B 4, 4 heads of 32, 2 threads, AMD EPYC), the explicit steps
 # 1.3x to 4x faster at decoding's m of 1 to 10 queries.
 SHORT_ATTENTION = 128 * 128
+# The same limit with gradients (training): forward and backward of the explicit steps ran 2.1x
+# faster than the fused kernel's at the multi30k preset's 16 to 28 positions, 1.2x at 64, and
+# 0.7x at 128 (about 4,000 positions a batch, 4 heads of 32, 2 threads, AMD EPYC, 2026-11-26).
+SHORT_TRAINING_ATTENTION = 64 * 64
 
 
 def causal_mask(m: int, n: int, device: torch.device | None = None) -> Tensor:
@@ -115,13 +119,14 @@ def scaled_dot_product_attention(
 
     ``fused``: whether PyTorch's fused kernel (``F.scaled_dot_product_attention``) computes it, or
     the explicit four steps (matmul, scale, softmax, matmul). Weights need the explicit steps. By
-    default (None) the fused kernel runs, except without gradients on short inputs (``m * n`` at
-    most ``SHORT_ATTENTION`` per head): a decoding step's few queries, which the explicit steps
-    computed 1.3x to 4x faster on this project's 2-core CPU (a side measurement of 2026-11-25).
+    default (None) the fused kernel runs, except on short inputs: ``m * n`` at most
+    ``SHORT_ATTENTION`` per head without gradients (a decoding step's few queries, which the explicit
+    steps computed 1.3x to 4x faster on this project's 2-core CPU, a side measurement of 2026-11-25)
+    and at most ``SHORT_TRAINING_ATTENTION`` with them (a training batch of short sentences).
     """
     m, n = q.size(-2), k.size(-2)
     if fused is None:
-        fused = not need_weights and (torch.is_grad_enabled() or m * n > SHORT_ATTENTION)
+        fused = not need_weights and m * n > (SHORT_TRAINING_ATTENTION if torch.is_grad_enabled() else SHORT_ATTENTION)
     elif fused and need_weights:
         raise QkvError("the fused kernel returns no weights: need_weights needs fused=False (or None)")
     if causal and m > 1:  # a single query is the newest position: it sees every key

@@ -94,7 +94,7 @@ class TrainConfig:
     fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
-    fast_dropout: bool = False  # CPU: dropout masks from 64-bit random draws (same distribution, other draws)
+    fast_dropout: bool = True  # CPU: dropout masks from 64-bit random draws (same distribution, other draws than nn.Dropout's)
     onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.model.kernels)
     bf16_layers: bool = False  # CPU, with --bf16 and onednn: the linear layers' products in bf16 too (opt-in: rounds them)
 

@@ -59,9 +59,17 @@ from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn", "bf16_layers")
 # Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
 NOT_BITWISE_ON_RESUME = ("adam",)
+# What a run saved before a setting existed, or before its default changed, ran with: fast_dropout
+# became the default on 2026-11-26, so a saved config without the key drew nn.Dropout's masks.
+SAVED_BEFORE = {"fast_dropout": False}
 # Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
 # (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).
 INHERITED_CONFIGS = ("marian",)
+
+
+def saved_train_config(saved: dict[str, Any]) -> TrainConfig:
+    """The ``train`` section of a run's config.json as the run ran it (``SAVED_BEFORE`` for the keys it lacks)."""
+    return config_from_dict(TrainConfig, {**SAVED_BEFORE, **saved})
 
 
 class HeldPeakWarning(UserWarning):
@@ -222,8 +230,8 @@ class Trainer:
         """
         last = checkpoint.resolve(Path(run_dir) / "last")
         config = checkpoint.read_config(last)  # verifies last/ first
-        saved = config_from_dict(TrainConfig, config["train"])
-        train = config_from_dict(TrainConfig, {**config["train"], **train_overrides})  # the overrides' types checked
+        saved = saved_train_config(config["train"])
+        train = config_from_dict(TrainConfig, {**saved.__dict__, **train_overrides})  # the overrides' types checked
         fixed = [f"{key} ({getattr(saved, key)} -> {getattr(train, key)})" for key in FIXED_ON_RESUME if getattr(train, key) != getattr(saved, key)]
         if fixed:
             raise ConfigError(

@@ -9,7 +9,7 @@ import pytest
 from qkv.data.tasks import date_pairs
 from qkv.model.config import ConfigError
 from qkv.train.recipes import build_configs
-from qkv.train.trainer import Trainer
+from qkv.train.trainer import Trainer, saved_train_config
 
 
 # ---- --resume -------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ def short_run(tmp_path_factory) -> Path:
     return where / "run"
 
 
-@pytest.mark.parametrize(("key", "value"), [("fast_dropout", True), ("onednn", False), ("bf16_layers", True), ("seed", 2)])
+@pytest.mark.parametrize(("key", "value"), [("fast_dropout", False), ("onednn", False), ("bf16_layers", True), ("seed", 2)])
 def test_resume_refuses_what_would_change_the_numbers_of_an_exact_resume(short_run, key, value):
     with pytest.raises(ConfigError, match=f"--resume cannot change {key} "):
         Trainer.resume(short_run, **{key: value})
@@ -52,3 +52,10 @@ def test_resume_with_another_adam_kernel_warns_that_it_is_not_bitwise(short_run,
 
 def test_resume_takes_a_duration_for_time_budget(short_run):
     assert Trainer.resume(short_run, time_budget="10m").train_cfg.time_budget == 600.0
+
+
+def test_a_run_saved_before_fast_dropout_was_the_default_resumes_with_nn_dropouts_masks(short_run):
+    """fast_dropout became the default later: a saved config without the key ran nn.Dropout."""
+    assert Trainer.resume(short_run).train_cfg.fast_dropout is True  # saved by today's code, with the key
+    assert saved_train_config({"seed": 3}).fast_dropout is False
+    assert saved_train_config({"fast_dropout": True}).fast_dropout is True

@@ -192,7 +192,7 @@ def trainer(run_dir: Path, data: Path, *, dropout: float = 0.0, **train) -> Trai
 
 def test_the_speed_ups_are_on_by_default_and_each_can_be_turned_off():
     _, train, _ = build_configs("multi30k", model={}, train={}, data={})
-    assert (train.fused_loss, train.tune_allocator, train.adam, train.fast_dropout) == (True, True, "fused", False)
+    assert (train.fused_loss, train.tune_allocator, train.adam, train.fast_dropout) == (True, True, "fused", True)
     with pytest.raises(ValueError, match="adam must be"):
         build_configs("multi30k", model={}, train={"adam": "sgd"}, data={})
 

@@ -73,9 +73,10 @@ def _count_fused_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def test_inference_on_short_inputs_takes_the_explicit_steps_and_agrees_with_the_fused_kernel(monkeypatch):
-    """A decoding step's shapes (no gradient, m * n small) skip the fused kernel; training and long
-    inputs keep it; both give the same output to fp32 rounding, padding and empty rows included."""
+def test_short_inputs_take_the_explicit_steps_and_agree_with_the_fused_kernel(monkeypatch):
+    """A decoding step's shapes (no gradient, m * n up to SHORT_ATTENTION) and a training batch of
+    short sentences (with gradients, up to SHORT_TRAINING_ATTENTION) skip the fused kernel; longer
+    inputs keep it; both give the same output and gradients to fp32 rounding, padding and empty rows included."""
     calls = _count_fused_calls(monkeypatch)
     g = torch.Generator().manual_seed(5)
     q, k, v = torch.randn(6, 4, 5, 32, generator=g), torch.randn(6, 4, 17, 32, generator=g), torch.randn(6, 4, 17, 32, generator=g)
@@ -92,8 +93,24 @@ def test_inference_on_short_inputs_takes_the_explicit_steps_and_agrees_with_the_
         assert calls[0] == 2
     torch.testing.assert_close(explicit, fused, atol=1e-6, rtol=1e-5)
     assert (explicit[2] == 0).all()
-    scaled_dot_product_attention(q.requires_grad_(), k, v, mask=mask)  # with gradients: the fused kernel
+    # with gradients: m * n = 85 is short for training too; 64 x 65 = 4,160 is not
+    qe, ke, ve = (x.clone().requires_grad_() for x in (q, k, v))
+    qf, kf, vf = (x.clone().requires_grad_() for x in (q, k, v))
+    out_e, _ = scaled_dot_product_attention(qe, ke, ve, mask=mask, causal=True)
+    assert calls[0] == 2
+    out_f, _ = scaled_dot_product_attention(qf, kf, vf, mask=mask, causal=True, fused=True)
     assert calls[0] == 3
+    torch.testing.assert_close(out_e, out_f, atol=1e-6, rtol=1e-5)
+    grad = torch.randn(out_e.shape, generator=g)
+    out_e.backward(grad)
+    out_f.backward(grad)
+    for a, b in ((qe, qf), (ke, kf), (ve, vf)):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    q64, k65 = torch.randn(1, 1, 64, 8, generator=g, requires_grad=True), torch.randn(1, 1, 65, 8, generator=g)
+    scaled_dot_product_attention(q64, k65, k65)  # 4,160 > SHORT_TRAINING_ATTENTION: the fused kernel
+    assert calls[0] == 4
+    scaled_dot_product_attention(q64, k65[:, :, :64], k65[:, :, :64])  # 4,096: the explicit steps
+    assert calls[0] == 4
     with pytest.raises(ValueError, match="no weights"):
         scaled_dot_product_attention(q, k, v, need_weights=True, fused=True)
 
