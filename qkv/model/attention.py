@@ -85,9 +85,10 @@ class KVCache:
 # two ran about even at m = n = 256 (B 4, 4 heads of 32, 2 threads, AMD EPYC), the explicit steps
 # 1.3x to 4x faster at decoding's m of 1 to 10 queries.
 SHORT_ATTENTION = 128 * 128
-# The same limit with gradients (training): forward and backward of the explicit steps ran 2.1x
-# faster than the fused kernel's at the multi30k preset's 16 to 28 positions, 1.2x at 64, and
-# 0.7x at 128 (about 4,000 positions a batch, 4 heads of 32, 2 threads, AMD EPYC, 2026-11-26).
+# The same limit with gradients (training): forward and backward of the explicit steps ran 1.6x to
+# 2.0x as fast as the fused kernel's at the multi30k preset's 16 to 28 positions, even at 64, and
+# 0.76x at 128 (batches of about 4,000 positions, 4 heads of 32, 2 threads, AMD EPYC, 2026-11-26:
+# python -m benchmarks.training_attention, benchmarks/results/training_attention.jsonl).
 SHORT_TRAINING_ATTENTION = 64 * 64
 
 

@@ -131,3 +131,17 @@ def test_stream_lines_times_every_setting_on_the_same_lines(random_checkpoint, m
         assert r["sentences_per_s_min"] <= r["sentences_per_s"] <= r["sentences_per_s_max"]
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "exists" in again.stderr  # never overwrites a result
+
+
+def test_training_attention_times_both_paths_on_the_same_numbers(monkeypatch):
+    """benchmarks.training_attention: both paths agree (outputs and q, k, v gradients), each median lies
+    in its own range, and the rows say which side of SHORT_TRAINING_ATTENTION each length falls."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.training_attention import measure
+
+    short, long = measure(16, tokens=160, repeats=2), measure(80, tokens=160, repeats=2)
+    assert (short["batch"], short["explicit_in_training"], long["explicit_in_training"]) == (10, True, False)
+    for row in (short, long):
+        assert row["max_difference"] < 1e-4
+        assert row["fused_ms_range"][0] <= row["fused_ms"] <= row["fused_ms_range"][1]
+        assert row["explicit_ms_range"][0] <= row["explicit_ms"] <= row["explicit_ms_range"][1]
