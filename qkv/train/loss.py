@@ -129,7 +129,7 @@ def projected_label_smoothed_loss(
     keep = (target != pad_id).reshape(-1)  # (B*T,)
     rows = hidden.reshape(-1, hidden.size(-1))[keep]  # (N, D): the real target positions
     labels = target.reshape(-1)[keep]  # (N,)
-    # 1,048 rows at V = 8,000 (the loss 1.2x faster than with 262 rows, measured), 524 with bf16 (faster than 262)
+    # 1,048 rows at V = 8,000 (at 1,024 the loss ran 1.2x as fast as at 262: docs/benchmarks.md (b)), 524 with bf16
     chunk = chunk or max(64, (1 << (22 if bf16 else 23)) // V)
     need_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
     loss = _ProjectedLoss.apply(rows, weight, bias, labels, float(smoothing), chunk, need_grad, torch.bfloat16 if bf16 else None)
