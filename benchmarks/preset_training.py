@@ -13,10 +13,12 @@ The speed-ups are ``TrainConfig`` flags, so "today's path" is the same Trainer w
 ``tune_allocator`` (``qkv.model.cpu``; off means glibc's own steady state, restored by
 ``qkv.model.cpu.untune_allocator``), ``fused_loss`` (``qkv.train.loss.projected_label_smoothed_loss``) and
 ``adam`` ("for": PyTorch's per-tensor loop) and ``onednn`` (``qkv.model.kernels``; off: MKL through
-``F.linear``); ``fast_dropout`` (``qkv.model.dropout.FastDropout``) is off by
-default, as it trains with other random masks than ``nn.Dropout`` draws, and has rows of its own, as
-has ``bf16`` (the fused loss's products in bfloat16: not the same numbers either; on a CPU without
-native bfloat16 its rows run in float32, and the table says so).
+``F.linear``) and ``fast_dropout`` (``qkv.model.dropout.FastDropout``, on by default since 2026-11-26:
+other random masks than ``nn.Dropout`` draws, so the default without it has a row of its own,
+``all_nn_dropout``); ``bf16`` has rows of its own (the fused loss's products in bfloat16: not the
+same numbers; on a CPU without native bfloat16 its rows run in float32, and the table says so).
+Two speed-ups have no flag and run in every row: attention over short sentences with gradients in
+explicit steps (``qkv.model.attention.SHORT_TRAINING_ATTENTION``) and the fused loss's chunk size.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropou
 NEW = {"tune_allocator": True, "fused_loss": True, "adam": "fused", "fast_dropout": True, "bf16": False, "onednn": True,
        "bf16_layers": False}
 ROWS = [  # (key, label, flags)
-    ("today", "today's path (every speed-up off)", OLD),
+    ("today", "today's path (every speed-up flag off)", OLD),
     ("allocator", "+ glibc kept from returning memory (tune_allocator)", {**OLD, "tune_allocator": True}),
     ("fused_loss", "+ fused chunked projection and loss (fused_loss)", {**OLD, "fused_loss": True}),
     ("adam", "+ fused Adam (adam=fused)", {**OLD, "adam": "fused"}),
