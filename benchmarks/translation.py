@@ -257,6 +257,10 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
     batches = same_batches(src_ids, batch_size)
     rows, choices = [], []
     spawn = multiprocessing.get_context("spawn")
+    # Each cell in a fresh process: an engine that ran before (CTranslate2's thread pools above all)
+    # slows PyTorch down for the rest of a process's life. A smoke run, which times nothing worth
+    # reading, shares one worker process among its cells: starting 28 processes is most of its time.
+    shared = ProcessPoolExecutor(max_workers=1, mp_context=spawn) if smoke else None
     for beam in (1, 5):
         for table in ("same", "own"):
             qkv_out = None
@@ -265,11 +269,13 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                     continue
                 label = f"{table} batches" if table == "same" else "own settings"
                 load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
-                # Each cell in a fresh process: an engine that ran before (CTranslate2's thread pools
-                # above all) slows PyTorch down for the rest of a process's life.
-                with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                    cell = pool.submit(_cell, checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets,
-                                       threads, repeats, ct2_dir, table_file).result()
+                arguments = (checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets, threads, repeats,
+                             ct2_dir, table_file)
+                if shared is not None:
+                    cell = shared.submit(_cell, *arguments).result()
+                else:
+                    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+                        cell = pool.submit(_cell, *arguments).result()
                 if cell["choice"] is not None:
                     choices.append({"engine": engine, "beam": beam, "compute": compute, "chosen": cell["choice"],
                                     "trials": cell["trials"]})
@@ -281,6 +287,8 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                 log(f"translation {label}, {engine} {compute} beam {beam}: {row['sentences_per_s']:.1f} sentences/s "
                     f"({row['sentences_per_s_min']:.1f}-{row['sentences_per_s_max']:.1f}), BLEU {row['bleu']:.2f}, "
                     f"identical to qkv {100 * row['identical_to_qkv']:.1f}%")
+    if shared is not None:
+        shared.shutdown()
     if ct2_dir is not None:
         shutil.rmtree(ct2_dir, ignore_errors=True)
     shutil.rmtree(table_file.parent, ignore_errors=True)
