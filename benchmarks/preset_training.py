@@ -117,7 +117,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     for module in list(trainer.model.modules()):  # nn.Dropout or FastDropout, as the flag says
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout):
-                setattr(module, name, (FastDropout if cfg.fast_dropout else torch.nn.Dropout)(child.p))
+                setattr(module, name, FastDropout(child.p, cfg.dropout_bits) if cfg.fast_dropout else torch.nn.Dropout(child.p))
     trainer.model.load_state_dict(initial)
     trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                          **adam_kernel(cfg.adam))

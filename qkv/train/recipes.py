@@ -95,6 +95,7 @@ class TrainConfig:
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
     fast_dropout: bool = True  # CPU: dropout masks from 64-bit random draws (same distribution, other draws than nn.Dropout's)
+    dropout_bits: int = 16  # fast_dropout's random bits per element: 16 (p to 2^-16) or 32 (p to 2^-32, runs saved before 2026-11-26)
     onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.model.kernels)
     bf16_layers: bool = False  # CPU, with --bf16 and onednn: the linear layers' products in bf16 too (opt-in: rounds them)
 
@@ -120,6 +121,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.average_last < 1 or self.keep_last < self.average_last:
             raise ConfigError("need 1 <= average_last <= keep_last")
+        if self.dropout_bits not in (16, 32):
+            raise ConfigError(f"dropout_bits must be 16 or 32, got {self.dropout_bits}")
         if not 0 <= self.cooldown <= 1:
             raise ConfigError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if self.time_budget and self.cooldown == 1:

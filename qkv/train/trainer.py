@@ -56,12 +56,14 @@ from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
 # Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
 # and seed, and the last three change the numbers an exact resume repeats (dropout's draws, the products' rounding).
-FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "onednn", "bf16_layers")
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "dropout_bits", "onednn",
+                   "bf16_layers")
 # Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
 NOT_BITWISE_ON_RESUME = ("adam",)
 # What a run saved before a setting existed, or before its default changed, ran with: fast_dropout
-# became the default on 2026-11-26, so a saved config without the key drew nn.Dropout's masks.
-SAVED_BEFORE = {"fast_dropout": False}
+# became the default on 2026-11-26, so a saved config without the key drew nn.Dropout's masks, and
+# one without dropout_bits (16 since later that day) drew 32 bits per element.
+SAVED_BEFORE = {"fast_dropout": False, "dropout_bits": 32}
 # Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
 # (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).
 INHERITED_CONFIGS = ("marian",)
@@ -169,7 +171,7 @@ class Trainer:
             checkpoint.load_weights(self.model, init_from.model.state_dict(), f"--init-from {init_from.path}")
         self.ema = WeightEMA(self.model, train.ema) if train.ema else None  # from the initial weights
         if train.fast_dropout and self.device.type == "cpu":  # on a GPU, PyTorch's dropout is fast already
-            use_fast_dropout(self.model)
+            use_fast_dropout(self.model, train.dropout_bits)
         self.train_model: torch.nn.Module = self.model
         if self.dist.world_size > 1:
             # The seed above gave every rank the same initial weights (DDP also broadcasts rank 0's);

@@ -29,7 +29,8 @@ def short_run(tmp_path_factory) -> Path:
     return where / "run"
 
 
-@pytest.mark.parametrize(("key", "value"), [("fast_dropout", False), ("onednn", False), ("bf16_layers", True), ("seed", 2)])
+@pytest.mark.parametrize(("key", "value"), [("fast_dropout", False), ("dropout_bits", 32), ("onednn", False), ("bf16_layers", True),
+                                            ("seed", 2)])
 def test_resume_refuses_what_would_change_the_numbers_of_an_exact_resume(short_run, key, value):
     with pytest.raises(ConfigError, match=f"--resume cannot change {key} "):
         Trainer.resume(short_run, **{key: value})
@@ -59,3 +60,10 @@ def test_a_run_saved_before_fast_dropout_was_the_default_resumes_with_nn_dropout
     assert Trainer.resume(short_run).train_cfg.fast_dropout is True  # saved by today's code, with the key
     assert saved_train_config({"seed": 3}).fast_dropout is False
     assert saved_train_config({"fast_dropout": True}).fast_dropout is True
+
+
+def test_a_run_saved_before_16_bit_dropout_masks_resumes_with_32_bit_ones(short_run):
+    """dropout_bits came later the same day as fast_dropout's default: a config without it drew 32 bits."""
+    assert Trainer.resume(short_run).train_cfg.dropout_bits == 16
+    assert saved_train_config({"fast_dropout": True}).dropout_bits == 32
+    assert saved_train_config({"fast_dropout": True, "dropout_bits": 16}).dropout_bits == 16

@@ -230,18 +230,42 @@ def test_the_trainer_tunes_the_allocator_unless_told_not_to(monkeypatch, tmp_pat
 # ---- fast dropout ------------------------------------------------------------------------------
 
 
-def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it():
+@pytest.mark.parametrize("bits", [16, 32])
+def test_fast_dropout_keeps_each_element_with_probability_1_minus_p_and_scales_it(bits):
     torch.manual_seed(0)
     x = torch.full((1000, 1000), 2.0, requires_grad=True)
-    y = FastDropout(0.3)(x)
+    d = FastDropout(0.3, bits)
+    assert d.bits == bits
+    y = d(x)
     dropped = (y == 0).double().mean().item()
     assert abs(dropped - 0.3) < 5 * (0.3 * 0.7 / 1e6) ** 0.5  # five standard deviations of a binomial mean
     assert torch.equal(y[y != 0], torch.full_like(y[y != 0], 2.0 / 0.7))
     y.backward(torch.ones_like(y))
     assert torch.equal(x.grad, (y != 0) / 0.7)  # the gradient goes through the same mask, scaled alike
-    # the two 32-bit halves of each draw are independent: neighbours are dropped together p^2 of the time
+    # the parts of each 64-bit draw are independent: neighbours are dropped together p^2 of the time
     pairs = (y.detach().reshape(-1, 2) == 0).all(1).double().mean().item()
     assert abs(pairs - 0.09) < 5 * (0.09 * 0.91 / 5e5) ** 0.5
+    fours = (y.detach().reshape(-1, 4) == 0).all(1).double().mean().item()  # all four sixteenths of a draw: p^4
+    assert abs(fours - 0.3**4) < 5 * (0.3**4 * (1 - 0.3**4) / 2.5e5) ** 0.5
+
+
+def test_fast_dropout_draws_a_quarter_of_a_64_bit_number_per_element_at_16_bits(monkeypatch):
+    """16 bits: 64 bits per four elements; 32: per two; the threshold p to 2^-bits; a p below 2^-8 takes 32 bits."""
+    sizes = []
+    real = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: sizes.append(a[2][0]) or real(*a, **k))
+    x = torch.ones(1001)
+    FastDropout(0.3)(x), FastDropout(0.3, 32)(x), FastDropout(0.001)(x)
+    assert sizes == [251, 501, 501]  # ceil(1001 / 4), ceil(1001 / 2), and 32 bits for p = 0.001
+    assert FastDropout(0.001).bits == 32 and FastDropout(1 - 2**-9).bits == 32 and FastDropout(2**-8).bits == 16
+    # the threshold: with every draw the 16-bit value -2^15 + k, elements with k < round(p * 2^16) are dropped
+    k = torch.arange(2**16, dtype=torch.int64)
+    values = (k - 2**15).to(torch.int16)  # 65,536 elements, each 16-bit value once
+    monkeypatch.setattr(torch, "randint", lambda *a, **kw: values.view(torch.int64))
+    y = FastDropout(0.3)(torch.ones(2**16))
+    assert int((y == 0).sum()) == round(0.3 * 2**16) and bool((y[k < round(0.3 * 2**16)] == 0).all())
+    with pytest.raises(ValueError, match="bits must be 16 or 32"):
+        FastDropout(0.3, 8)
 
 
 def test_fast_dropout_follows_the_seed_and_is_the_identity_in_eval_mode():
