@@ -43,6 +43,7 @@ def marian_config(hf_config: Any) -> ModelConfig:
         n_decoder_layers=hf_config.decoder_layers,
         dropout=hf_config.dropout,
         attention_dropout=hf_config.attention_dropout,
+        activation_dropout=hf_config.activation_dropout,
         activation=_ACTIVATIONS[hf_config.activation_function],
         norm_first=False,
         max_len=hf_config.max_position_embeddings,
@@ -220,7 +221,7 @@ def _to_huggingface(model: Transformer, family: str, *, bos_id: int, eos_id: int
         vocab_size=cfg.src_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
         decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=activation, dropout=cfg.dropout,
-        attention_dropout=cfg.attention_dropout, activation_dropout=0.0, scale_embedding=cfg.scale_embeddings,
+        attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout, scale_embedding=cfg.scale_embeddings,
         max_position_embeddings=cfg.max_len, pad_token_id=cfg.pad_id, eos_token_id=eos_id,
         # qkv starts the target with BOS (Marian with pad) and never forces EOS at the length limit.
         decoder_start_token_id=bos_id, forced_eos_token_id=None, tie_word_embeddings=cfg.tie_output,

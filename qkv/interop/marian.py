@@ -69,7 +69,7 @@ CONFIG_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **{key: (_whole(1), f"an integer from 1 to {MAX_SIZE}") for key in _POSITIVE},
     **{key: (_whole(0), f"an integer from 0 to {MAX_SIZE}") for key in _COUNTS},
     "decoder_vocab_size": (lambda v: v is None or _whole(1)(v), f"null or an integer from 1 to {MAX_SIZE}"),
-    **{key: (_rate, "a number in [0, 1)") for key in ("dropout", "attention_dropout")},
+    **{key: (_rate, "a number in [0, 1)") for key in ("dropout", "attention_dropout", "activation_dropout")},
     **{key: (lambda v: type(v) is bool, "true or false") for key in _SWITCHES},
     "activation_function": (lambda v: isinstance(v, str), "a string"),
 }

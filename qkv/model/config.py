@@ -148,6 +148,7 @@ class ModelConfig:
     n_decoder_layers: int = 6
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    activation_dropout: float = 0.0  # inside the feed-forward network, after the activation (fairseq's relu_dropout)
     activation: Activation = "relu"
     norm_first: bool = False
     layer_norm_eps: float = 1e-5
@@ -178,7 +179,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
-        for name in ["dropout", "attention_dropout"]:
+        for name in ["dropout", "attention_dropout", "activation_dropout"]:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.layer_norm_eps <= 0:

@@ -72,16 +72,20 @@ class LearnedPositions(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately (section 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position separately (section 3.3).
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
+    ``dropout`` (the config's ``activation_dropout``, not in the paper; 0 by default): dropout on the
+    d_ff activations, in training only."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
         self.linear1 = Linear(d_model, d_ff)
         self.linear2 = Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.activation(self.linear1(x)))  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D) -> (B, L, F) -> (B, L, D)
 
 
 class Sublayer(nn.Module):
@@ -118,7 +122,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         args = (config.d_model, config.dropout, config.norm_first, config.layer_norm_eps)
         self.self_attn = _attention(config)
-        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation, config.activation_dropout)
         self.attn_sublayer, self.ff_sublayer = Sublayer(*args), Sublayer(*args)
 
     def forward(self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -135,7 +139,7 @@ class DecoderLayer(nn.Module):
         args = (config.d_model, config.dropout, config.norm_first, config.layer_norm_eps)
         self.self_attn = _attention(config)
         self.cross_attn = _attention(config)
-        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation)
+        self.feed_forward = FeedForward(config.d_model, config.d_ff, config.activation, config.activation_dropout)
         self.self_sublayer, self.cross_sublayer, self.ff_sublayer = Sublayer(*args), Sublayer(*args), Sublayer(*args)
 
     def forward(

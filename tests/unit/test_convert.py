@@ -143,7 +143,8 @@ def test_position_layout_change_is_exact():
         assert (relabelled(src, tgt) - expected).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("overrides", [dict(activation="silu"), dict(activation="relu", share_embeddings=False, position_layout="split")])
+@pytest.mark.parametrize("overrides", [dict(activation="silu"), dict(activation="relu", share_embeddings=False, position_layout="split",
+                                                                    activation_dropout=0.1, attention_dropout=0.2)])
 def test_to_marian_round_trip(overrides):
     ours = qkv_model(**overrides)
     hf = to_marian(ours, bos_id=BOS, eos_id=EOS)
@@ -154,6 +155,9 @@ def test_to_marian_round_trip(overrides):
         torch.testing.assert_close(marian_logits(hf, src, tgt), expected, atol=1e-5, rtol=0)
         back = from_marian(hf)  # qkv -> Marian -> qkv: split positions, the same function
         torch.testing.assert_close(back(src, tgt), expected, atol=1e-5, rtol=0)
+    # the regularization travels both ways too (it acts in training only)
+    assert (hf.config.activation_dropout, hf.config.attention_dropout) == (ours.config.activation_dropout, ours.config.attention_dropout)
+    assert (back.config.activation_dropout, back.config.attention_dropout) == (ours.config.activation_dropout, ours.config.attention_dropout)
 
 
 def test_marian_generate_matches_qkv_greedy():

@@ -177,3 +177,42 @@ def test_learned_positions_are_a_trained_saved_parameter(tmp_path):
     torch.testing.assert_close(loaded.positions.table, table.detach())
     with pytest.raises(ValueError, match="learned its positions"):
         to_huggingface(model, bos_id=1, eos_id=2)
+
+
+def test_activation_dropout_drops_the_feed_forward_activations_in_training_only():
+    from qkv.model.dropout import use_fast_dropout
+    from qkv.model.transformer import FeedForward
+
+    with pytest.raises(ConfigError, match="activation_dropout must be in"):
+        ModelConfig(activation_dropout=1.0)
+    torch.manual_seed(0)
+    ff = FeedForward(8, 64, "relu", dropout=0.5)
+    seen = []
+    ff.linear2.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = torch.randn(4, 5, 8)
+    relu = torch.relu(ff.linear1(x)).detach()
+    ff.train()(x)
+    kept = seen[-1] != 0
+    assert torch.equal(seen[-1][kept], 2 * relu[kept])  # the kept activations scaled by 1 / (1 - p)
+    alive = relu > 0
+    dropped = (~kept & alive).sum() / alive.sum()
+    assert 0.3 < dropped < 0.7  # about half of the 640 non-zero activations, here and not elsewhere
+    ff.eval()(x)
+    assert torch.equal(seen[-1], relu)
+    assert isinstance(FeedForward(8, 64).dropout, torch.nn.Identity)  # 0: no operation at all
+    # the model builds it from the config, and fast_dropout replaces it like every other dropout
+    model = Transformer(model_preset("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD, activation_dropout=0.1))
+    layers = [*model.encoder_layers, *model.decoder_layers]
+    assert all(layer.feed_forward.dropout.p == 0.1 for layer in layers)
+    assert use_fast_dropout(model) == sum(1 for m in model.modules() if type(m).__name__ == "FastDropout")
+    assert all(type(layer.feed_forward.dropout).__name__ == "FastDropout" for layer in layers)
+
+
+def test_fine_tuning_may_change_the_three_dropouts_and_nothing_else():
+    from qkv.train.recipes import fine_tuning_model
+
+    parent = model_preset("tiny", src_vocab_size=V, tgt_vocab_size=V, pad_id=PAD)
+    child = fine_tuning_model(parent, {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.2})
+    assert (child.dropout, child.attention_dropout, child.activation_dropout, child.d_model) == (0.1, 0.1, 0.2, parent.d_model)
+    with pytest.raises(ConfigError, match="--model d_ff cannot change"):
+        fine_tuning_model(parent, {"activation_dropout": 0.2, "d_ff": 128})
