@@ -21,3 +21,8 @@ class MissingPackage(QkvError):
 class NonFiniteLoss(QkvError, FloatingPointError):
     """Training met a NaN or infinite loss or gradient with ``on_nan=stop``; the last good checkpoint
     is named. Also a ``FloatingPointError``, as it was before ``QkvError`` existed."""
+
+
+class CheckpointError(QkvError):
+    """A checkpoint is missing, incomplete, corrupted or from an unknown format (``qkv.io.checkpoint``),
+    or its weights do not fit its config (``qkv.io.weights``)."""

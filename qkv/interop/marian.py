@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from qkv.errors import MissingPackage, QkvError
+from qkv.errors import CheckpointError, MissingPackage, QkvError
 from qkv.io import checkpoint
-from qkv.io.checkpoint import CheckpointError, check_size
+from qkv.io.weights import check_size
 from qkv.model.config import ModelConfig
 from qkv.interop.convert import from_marian, marian_config, to_marian
 from qkv.interop.ctranslate2 import check_export_out, write_export
@@ -127,7 +127,7 @@ def _model_settings(config: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _check_size(model_config: ModelConfig, weights: Path) -> None:
-    """``qkv.io.checkpoint.check_size`` for an imported model, measured on qkv's model (transformers'
+    """``qkv.io.weights.check_size`` for an imported model, measured on qkv's model (transformers'
     model and the conversion hold a few times as much)."""
     check_size(model_config, weights, what="its config.json")
 
