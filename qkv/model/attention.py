@@ -12,6 +12,7 @@ never NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,7 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     causal: bool = False,
     dropout_p: float = 0.0,
+    dropout: Callable[[Tensor], Tensor] | None = None,
     need_weights: bool = False,
     fused: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -116,7 +118,9 @@ def scaled_dot_product_attention(
 
     q: (..., m, d_k), k: (..., n, d_k), v: (..., n, d_v); mask: bool, broadcastable to (..., m, n),
     True = may attend. Returns the output (..., m, d_v) and, if ``need_weights``, the attention
-    weights (..., m, n) (before dropout), else None.
+    weights (..., m, n) (before dropout), else None. ``dropout``: what drops the weights in the explicit
+    steps when ``dropout_p`` > 0 (a module of that p: ``MultiHeadAttention`` passes its own, which
+    ``fast_dropout`` replaces like every other); None: ``F.dropout``. The fused kernel draws its own.
 
     ``fused``: whether PyTorch's fused kernel (``F.scaled_dot_product_attention``) computes it, or
     the explicit four steps (matmul, scale, softmax, matmul). Weights need the explicit steps. By
@@ -151,7 +155,10 @@ def scaled_dot_product_attention(
         weights = scores.softmax(dim=-1)  # each row is a distribution over the n keys
         if empty_rows is not None and need_weights:
             weights = weights.masked_fill(empty_rows, 0.0)
-        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        if dropout_p > 0:
+            dropped = dropout(weights) if dropout is not None else F.dropout(weights, p=dropout_p)
+        else:
+            dropped = weights
         out = dropped @ v  # (..., m, d_v)
     if empty_rows is not None:
         out = out.masked_fill(empty_rows, 0.0)
@@ -196,7 +203,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.d_k = d_k if d_k is not None else d_model // n_heads
         self.d_v = d_v if d_v is not None else d_model // n_heads
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on the attention weights, in training
         self.in_proj = Linear(d_model, n_heads * (2 * self.d_k + self.d_v), bias=bias)
         self.out_proj = Linear(n_heads * self.d_v, d_model, bias=bias)  # W^O
         self.reset_parameters()
@@ -264,7 +271,8 @@ class MultiHeadAttention(nn.Module):
             v,
             mask=mask,
             causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout.p if self.training else 0.0,
+            dropout=self.dropout,
             need_weights=need_weights,
         )
         if G > 1:

@@ -294,3 +294,39 @@ def test_cross_attention_cache_projects_memory_once():
     assert cache.k.data_ptr() == k_first.data_ptr()
     expected, _ = mha(x, memory)
     torch.testing.assert_close(out, expected)
+
+
+def test_attention_dropout_in_the_explicit_steps_is_the_modules_own_and_fast_dropout_replaces_it():
+    from qkv.model.dropout import FastDropout, use_fast_dropout
+
+    calls = []
+
+    class Recording(torch.nn.Dropout):
+        def forward(self, x):
+            calls.append(tuple(x.shape))
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    att = MultiHeadAttention(16, 2, dropout=0.25)
+    assert type(att.dropout) is torch.nn.Dropout and att.dropout.p == 0.25
+    att.dropout = Recording(0.25)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    out, _ = att(x, key_mask=torch.ones(3, 5, dtype=torch.bool))  # 5 x 5 per head: the explicit steps
+    assert calls == [(3, 2, 5, 5)]  # the attention weights, dropped by the module
+    # with nn.Dropout's draws, the same numbers as F.dropout on the weights (the path before the module)
+    plain = MultiHeadAttention(16, 2, dropout=0.25)
+    plain.load_state_dict(att.state_dict())
+    torch.manual_seed(1)
+    a, _ = att(x)
+    torch.manual_seed(1)
+    b, _ = plain(x)
+    torch.manual_seed(1)
+    q, k, v = plain.in_proj(x).split(16, dim=-1)
+    split = lambda t: t.view(3, 5, 2, 8).transpose(1, 2)  # noqa: E731
+    weights = (split(q) @ split(k).transpose(-2, -1) / math.sqrt(8)).softmax(-1)
+    by_hand = plain.out_proj((F.dropout(weights, p=0.25) @ split(v)).transpose(1, 2).reshape(3, 5, 16))
+    assert torch.equal(a, b) and torch.allclose(b, by_hand, atol=1e-6)
+    att.eval()(x)
+    assert len(calls) == 2  # the two training calls above; eval drops nothing and calls nothing
+    replaced = MultiHeadAttention(16, 2, dropout=0.25)
+    assert use_fast_dropout(replaced) == 1 and isinstance(replaced.dropout, FastDropout) and replaced.dropout.p == 0.25
