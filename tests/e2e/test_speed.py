@@ -284,10 +284,11 @@ def test_use_fast_dropout_replaces_every_dropout_and_leaves_the_weights():
                          src_vocab_size=41, tgt_vocab_size=41, pad_id=PAD)
     model = Transformer(config)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    n = sum(type(m) is torch.nn.Dropout for m in model.modules())
-    assert n > 0 and use_fast_dropout(model) == n
+    rates = {name: m.p for name, m in model.named_modules() if type(m) is torch.nn.Dropout}
+    assert sorted(set(rates.values())) == [0.0, 0.1]  # residual dropout 0.1, attention dropout 0
+    assert use_fast_dropout(model) == len(rates)
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
-    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, FastDropout))
+    assert {name: m.p for name, m in model.named_modules() if isinstance(m, FastDropout)} == rates  # each its own p
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
