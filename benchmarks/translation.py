@@ -43,6 +43,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -269,13 +270,9 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
                     continue
                 label = f"{table} batches" if table == "same" else "own settings"
                 load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
-                arguments = (checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets, threads, repeats,
-                             ct2_dir, table_file)
-                if shared is not None:
-                    cell = shared.submit(_cell, *arguments).result()
-                else:
-                    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-                        cell = pool.submit(_cell, *arguments).result()
+                with nullcontext(shared) if shared is not None else ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+                    cell = pool.submit(_cell, checkpoint_dir, data_dir, n, beam, table, engine, compute, batch_size, budgets,
+                                       threads, repeats, ct2_dir, table_file).result()
                 if cell["choice"] is not None:
                     choices.append({"engine": engine, "beam": beam, "compute": compute, "chosen": cell["choice"],
                                     "trials": cell["trials"]})
