@@ -226,8 +226,8 @@ class Trainer:
 
         Overrides that could not take effect are refused (ConfigError): Adam's betas, eps and weight
         decay come back with its saved state, max_tokens and seed made the epochs' batches that the
-        saved position counts into, and fast_dropout and onednn would change the numbers an exact
-        resume repeats. A new adam kernel is taken, with a warning: the run is then not bitwise equal
+        saved position counts into, and fast_dropout, dropout_bits, onednn and bf16_layers would change
+        the numbers an exact resume repeats (``FIXED_ON_RESUME``). A new adam kernel is taken, with a warning: the run is then not bitwise equal
         to an uninterrupted one. A new time_budget is planned again into a step count.
         """
         last = checkpoint.resolve(Path(run_dir) / "last")
