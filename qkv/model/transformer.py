@@ -85,7 +85,10 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        h = self.activation(self.linear1(x))  # (B, L, D) -> (B, L, F)
+        if self.training:  # in eval the dropout is the identity: a decoding step skips the call
+            h = self.dropout(h)
+        return self.linear2(h)  # (B, L, F) -> (B, L, D)
 
 
 class Sublayer(nn.Module):
