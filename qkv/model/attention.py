@@ -29,8 +29,7 @@ class KVCache:
     ``capacity`` positions (doubled when a step would overflow them). Beam search reorders and
     drops rows every step: ``reorder`` copies only the filled positions of the kept rows into a
     spare pair of buffers, which then take the place of the first. Cross-attention ``store``s the
-    projected memory once. ``k``, ``v``: (N, H, length, d) views of the filled positions. The
-    buffers start zeroed, so every position of them is finite (``window``).
+    projected memory once. ``k``, ``v``: (N, H, length, d) views of the filled positions.
     """
 
     def __init__(self, capacity: int = 16) -> None:
@@ -52,19 +51,9 @@ class KVCache:
     def empty(self) -> bool:
         return self._buffers is None
 
-    def store(self, k: Tensor, v: Tensor, length: int | None = None) -> None:
-        """Hold ``k`` (N, H, n, d_k) and ``v`` (N, H, n, d_v) as they are (cross-attention's memory);
-        ``length``: the positions that count, when fewer than n (the rest is padding for ``window``)."""
-        self._buffers, self._spare, self.rows = (k, v), None, k.size(0)
-        self.length = k.size(2) if length is None else length
-
-    def window(self, n: int) -> tuple[Tensor, Tensor] | None:
-        """The keys and values of the first ``n`` positions, (N, H, n, d), where ``n`` may exceed
-        ``length``: the positions past it hold zeros or earlier keys and values, all finite, for a
-        caller that masks them. None when the buffers hold fewer than ``n`` positions."""
-        if self.empty or self._buffers[0].size(2) < n:
-            return None
-        return self._buffers[0][: self.rows, :, :n], self._buffers[1][: self.rows, :, :n]
+    def store(self, k: Tensor, v: Tensor) -> None:
+        """Hold ``k`` (N, H, n, d_k) and ``v`` (N, H, n, d_v) as they are (cross-attention's memory)."""
+        self._buffers, self._spare, self.rows, self.length = (k, v), None, k.size(0), k.size(2)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the keys (N, H, m, d_k) and values (N, H, m, d_v) of m new positions after the
@@ -72,7 +61,7 @@ class KVCache:
         end = self.length + k.size(2)
         if self.empty or end > self._buffers[0].size(2):
             capacity = max(self.capacity, end if self.empty else 2 * end)  # doubles when it overflows
-            grown = tuple(x.new_zeros(x.size(0), x.size(1), capacity, x.size(3)) for x in (k, v))  # see window
+            grown = tuple(x.new_empty(x.size(0), x.size(1), capacity, x.size(3)) for x in (k, v))
             if not self.empty:
                 for new, old in zip(grown, (self.k, self.v)):
                     new[:, :, : self.length] = old
@@ -87,7 +76,7 @@ class KVCache:
         if self.empty:
             return
         if self._spare is None or self._spare[0].size(0) < index.numel() or self._spare[0].size(2) != self._buffers[0].size(2):
-            self._spare = tuple(x.new_zeros(max(index.numel(), x.size(0)), *x.shape[1:]) for x in self._buffers)
+            self._spare = tuple(x.new_empty(max(index.numel(), x.size(0)), *x.shape[1:]) for x in self._buffers)
         for spare, cached in zip(self._spare, (self.k, self.v)):
             torch.index_select(cached, 0, index, out=spare[: index.numel(), :, : self.length])
         self._buffers, self._spare, self.rows = self._spare, self._buffers, index.numel()

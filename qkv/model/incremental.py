@@ -13,13 +13,6 @@ with the reshapes it needs and no more:
                      mask as an additive 0 / -inf bias made once per step for every layer
     feed-forward     the model's own module
 
-PyTorch's CPU ``bmm`` multiplies each pair of matrices with a plain loop instead of MKL when the
-product's rows x columns x inner size is below 400 (``bmm_out_or_baddbmm_`` in ATen's
-LinearAlgebra.cpp). A step's attention meets that at its first positions: one query row against T
-keys of 32 dimensions is below it until T = 13, and the loop ran 2x to 6x slower than MKL just past
-it (320 rows, 4 heads, one thread). So such a product is widened with masked positions (scores
--inf, weights exactly 0, the cache's spare positions finite) until it reaches MKL: ``_reach``.
-
 Every product, scale and softmax is the general path's, in the same order; the logits agree to float
 rounding (tested step by step against the general path; on 64 val sentences of the preset's model,
 15 steps, at most 5.4e-6 on logits up to 15.5), and val's 1,014 translations came out the same at
@@ -33,14 +26,10 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.model.attention import KVCache, MultiHeadAttention
 from qkv.model.kernels import linear
-
-# See the module's docstring: PyTorch's bmm uses MKL from this product size on.
-SMALL_PRODUCT = 400
 
 # The model is a qkv.model.transformer.Transformer and the state its DecoderState; that module
 # imports this one, so their types are named here only in words.
@@ -60,12 +49,8 @@ def decode_step(model: nn.Module, tgt: Tensor, memory: Tensor, src_mask: Tensor,
     """tgt: (R, 1) the newest token of each row; memory: (B, S, D) with R = B x G (G beams of a
     sentence side by side); src_mask: (B, S). Returns the decoder's output (R, 1, D); the state advances."""
     x = model._embed(model.tgt_embed, tgt, state.position)  # (R, 1, D)
-    B, S = src_mask.shape
-    att = model.decoder_layers[0].cross_attn
-    width = _reach(S, 1, min(att.d_k, att.d_v))  # the cross caches' positions, padding included
-    bias = torch.full((B, width), float("-inf"), dtype=x.dtype, device=x.device)
-    bias[:, :S].masked_fill_(src_mask, 0.0)
-    bias = bias[:, None, None, :]  # (B, 1, 1, width), added to (B, H, G, n <= width) scores
+    bias = torch.zeros(src_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~src_mask, float("-inf"))
+    bias = bias[:, None, None, :]  # (B, 1, 1, S), added to (B, H, G, S) scores
     for layer, cache in zip(model.decoder_layers, state.layers):
         x = _residual(layer.self_sublayer, x, lambda h: _self_attention(layer.self_attn, h, cache["self"]))
         x = _residual(layer.cross_sublayer, x, lambda h: _cross_attention(layer.cross_attn, h, memory, bias, cache["cross"]))
@@ -81,44 +66,30 @@ def _residual(sublayer: nn.Module, x: Tensor, fn) -> Tensor:
     return sublayer.norm(x + fn(x))
 
 
-def _reach(n: int, rows: int, d: int) -> int:
-    """Positions to attend over: at least ``n``, and enough that rows x positions x d reaches
-    ``SMALL_PRODUCT`` (both products of an attention have that size, d the smaller head size)."""
-    return max(n, -(-SMALL_PRODUCT // (rows * d)))
-
-
 def _self_attention(att: MultiHeadAttention, h: Tensor, cache: KVCache) -> Tensor:
     R, H, dk, dv = h.size(0), att.n_heads, att.d_k, att.d_v
     q, k, v = att.in_proj(h).split([H * dk, H * dk, H * dv], dim=-1)  # (R, 1, H*d) each
     k, v = cache.append(k.view(R, 1, H, dk).transpose(1, 2), v.view(R, 1, H, dv).transpose(1, 2))  # (R, H, T, d)
     T = k.size(2)
-    k, v = cache.window(_reach(T, 1, min(dk, dv))) or (k, v)  # (R, H, n, d), n >= T; None: no room, n = T
-    n = k.size(2)
     q = q.reshape(R * H, 1, dk)
-    scores = torch.bmm(q, k.reshape(R * H, n, dk).transpose(1, 2)) / math.sqrt(dk)  # (R*H, 1, n)
-    if n > T:
-        scores[:, :, T:] = float("-inf")  # the padding positions
-    out = torch.bmm(scores.softmax(dim=-1), v.reshape(R * H, n, dv))  # (R*H, 1, dv)
+    scores = torch.bmm(q, k.reshape(R * H, T, dk).transpose(1, 2)) / math.sqrt(dk)  # (R*H, 1, T)
+    out = torch.bmm(scores.softmax(dim=-1), v.reshape(R * H, T, dv))  # (R*H, 1, dv)
     return att.out_proj(out.view(R, 1, H * dv))
 
 
 def _cross_attention(att: MultiHeadAttention, h: Tensor, memory: Tensor, bias: Tensor, cache: KVCache) -> Tensor:
     R, H, dk, dv = h.size(0), att.n_heads, att.d_k, att.d_v
     Hk = H * dk
-    if cache.empty:  # the memory's keys and values, projected once per batch, zero-padded for ``_reach``
+    if cache.empty:  # the memory's keys and values, projected once per batch (contiguous: viewed below)
         w, b = att.in_proj.weight[Hk:], None if att.in_proj.bias is None else att.in_proj.bias[Hk:]
         k, v = linear(memory, w, b).split([Hk, H * dv], dim=-1)
-        S = memory.size(1)
-        pad = (0, 0, 0, _reach(S, 1, min(dk, dv)) - S)  # (B, H, S, d) -> (B, H, the bias's width, d)
-        k, v = (F.pad(att._split_heads(x, d), pad).contiguous() for x, d in ((k, dk), (v, dv)))
-        cache.store(k, v, length=S)
-    B = cache.rows
+        cache.store(att._split_heads(k, dk).contiguous(), att._split_heads(v, dv).contiguous())
+    k, v = cache.k, cache.v  # (B, H, S, d)
+    B, S = k.size(0), k.size(2)
     G = R // B
-    k, v = cache.window(_reach(cache.length, G, min(dk, dv))) or (cache.k, cache.v)  # (B, H, n >= S, d)
-    S = k.size(2)
     q = linear(h, att.in_proj.weight[:Hk], None if att.in_proj.bias is None else att.in_proj.bias[:Hk])  # (R, 1, H*dk)
     q = q.view(B, G, H, dk).transpose(1, 2).reshape(B * H, G, dk)  # the G beams' queries of a sentence together
     scores = torch.bmm(q, k.reshape(B * H, S, dk).transpose(1, 2)) / math.sqrt(dk)  # (B*H, G, S)
-    weights = (scores.view(B, H, G, S) + bias[..., :S]).softmax(dim=-1)
+    weights = (scores.view(B, H, G, S) + bias).softmax(dim=-1)
     out = torch.bmm(weights.view(B * H, G, S), v.reshape(B * H, S, dv))  # (B*H, G, dv)
     return att.out_proj(out.view(B, H, G, dv).transpose(1, 2).reshape(R, 1, H * dv))

@@ -282,27 +282,6 @@ def test_cache_reorder_keeps_the_chosen_rows_and_appending_goes_on():
     torch.testing.assert_close(cache.v, -torch.cat([k[[0]], new[:1]], dim=2))
 
 
-def test_cache_window_reaches_past_the_filled_positions_into_finite_ones():
-    """``window`` (the decoding step's padded products) reads positions past ``length``: they must
-    be finite, after growing and reordering too, or a masked weight of 0 would meet a NaN."""
-    cache = KVCache(capacity=6)
-    k = torch.randn(3, 2, 2, 4)
-    cache.append(k, -k)
-    keys, values = cache.window(5)
-    assert keys.shape == values.shape == (3, 2, 5, 4)
-    torch.testing.assert_close(keys[:, :, :2], k)
-    assert (keys[:, :, 2:] == 0).all() and (values[:, :, 2:] == 0).all()
-    cache.reorder(torch.tensor([2, 0]))  # into the spare buffers
-    cache.reorder(torch.tensor([1, 1, 0]))  # back into the first, which held three rows
-    keys, values = cache.window(6)
-    torch.testing.assert_close(keys[:, :, :2], k[[0, 0, 2]])
-    assert torch.isfinite(keys).all() and torch.isfinite(values).all()
-    assert cache.window(7) is None  # no room: the caller attends over the filled positions
-    memory = KVCache()
-    memory.store(torch.zeros(2, 2, 9, 4), torch.zeros(2, 2, 9, 4), length=7)
-    assert memory.k.shape == (2, 2, 7, 4) and memory.window(9)[0].shape == (2, 2, 9, 4)
-
-
 def test_cross_attention_cache_projects_memory_once():
     mha = _mha()
     memory = torch.randn(2, 7, 16, dtype=torch.float64)
