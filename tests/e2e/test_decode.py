@@ -487,6 +487,22 @@ def test_beam_candidates_by_blocks_equal_one_topk_over_every_candidate(V):
     assert token[3, 0] == V - 1  # found in the last block (short unless V is a multiple of 128)
 
 
+@pytest.mark.parametrize("V", [1000, 1024, 700, 130])
+def test_block_argmax_is_argmax_with_its_ties_nans_and_infinities(V):
+    from qkv.infer.search import block_argmax
+
+    generator = torch.Generator().manual_seed(V)
+    x = torch.randint(-50, 4, (64, V), generator=generator).float()  # many ties at the maximum
+    x[1] = float("-inf")  # no finite score: index 0, like argmax
+    x[2, 7], x[2, V - 3] = float("nan"), float("nan")  # NaN wins, the first one
+    x[3, V - 1] = 100.0  # the maximum in the last (short unless V % 128 == 0) block
+    x[4] = 3.0  # every element a maximum
+    x[5, :] = -1.0
+    x[5, 200 % V], x[5, 129 % V] = 2.0, 2.0  # the same maximum in two blocks: the first counts
+    torch.testing.assert_close(block_argmax(x), x.argmax(dim=-1), rtol=0, atol=0)
+    assert block_argmax(x)[2] == 7 and block_argmax(x)[3] == V - 1
+
+
 # ---- the incremental step (qkv.model.incremental) ----------------------------------------------
 
 
