@@ -104,6 +104,17 @@ def _output_limits(model: SearchModel, src_mask: Tensor, config: DecodeConfig) -
     return [max_output_length(model, n, config) for n in src_mask.sum(dim=1).tolist()]
 
 
+def block_maxima(x: Tensor, block: int) -> Tensor:
+    """The maximum of every run of ``block`` elements along x's last dimension: (..., V) -> (...,
+    ceil(V / block)). The last block may be shorter: its maximum is taken apart (no padded copy)."""
+    V = x.size(-1)
+    full = V // block * block
+    maxima = x[..., :full].unflatten(-1, (V // block, block)).amax(dim=-1)  # (..., V // block)
+    if full < V:
+        maxima = torch.cat([maxima, x[..., full:].amax(dim=-1, keepdim=True)], dim=-1)
+    return maxima
+
+
 def beam_candidates(scores: Tensor, log_probs: Tensor, k: int, block: int = 128) -> tuple[Tensor, Tensor, Tensor]:
     """The ``k`` best one-token extensions of each sentence's beams, best first.
 
@@ -121,11 +132,7 @@ def beam_candidates(scores: Tensor, log_probs: Tensor, k: int, block: int = 128)
         total = (scores[:, :, None] + log_probs).view(B, K * V)  # (B, K*V)
         top, flat = total.topk(k, dim=-1)
         return top, flat // V, flat % V
-    full = V // block * block  # the last block may be shorter: its maximum is taken apart (no padded copy)
-    maxima = log_probs[..., :full].unflatten(-1, (V // block, block)).amax(dim=-1)  # (B, K, V // block)
-    if full < V:
-        maxima = torch.cat([maxima, log_probs[..., full:].amax(dim=-1, keepdim=True)], dim=-1)  # (B, K, n)
-    maxima = maxima + scores[:, :, None]
+    maxima = block_maxima(log_probs, block) + scores[:, :, None]  # (B, K, n_blocks)
     best = maxima.view(B, K * n_blocks).topk(k, dim=-1).indices  # (B, k) the blocks to search
     beam, first = best // n_blocks, (best % n_blocks) * block  # (B, k)
     tokens = first[:, :, None] + torch.arange(block, device=log_probs.device)  # (B, k, block)
@@ -146,11 +153,7 @@ def block_argmax(x: Tensor, block: int = 128) -> Tensor:
     n_blocks = -(-V // block)
     if n_blocks < 4:  # a small vocabulary: argmax alone is as fast
         return x.argmax(dim=-1)
-    full = V // block * block  # the last block may be shorter: its maximum is taken apart
-    maxima = x[:, :full].unflatten(-1, (V // block, block)).amax(dim=-1)  # (R, V // block)
-    if full < V:
-        maxima = torch.cat([maxima, x[:, full:].amax(dim=-1, keepdim=True)], dim=-1)  # (R, n_blocks)
-    first = maxima.argmax(dim=-1) * block  # (R,) the first element of each row's block
+    first = block_maxima(x, block).argmax(dim=-1) * block  # (R,) the first element of each row's block
     index = first[:, None] + torch.arange(block, device=x.device)  # (R, block)
     inside = x.gather(1, index.clamp(max=V - 1)).masked_fill(index >= V, float("-inf"))
     return first + inside.argmax(dim=-1)
