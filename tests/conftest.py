@@ -1,4 +1,5 @@
-"""Shared test fixtures: where Multi30k lives, and one tiny training run reused by several test files.
+"""Shared test fixtures: where Multi30k lives, one tiny training run reused by several test files, and
+a small corpus of date pairs to train on.
 
 Multi30k is read from ``$QKV_DATA`` when it is set, else from ``../shared/data/multi30k`` beside the
 repository. Tests that need Multi30k fail when it is missing, so that a CI without the data cannot pass by
@@ -48,6 +49,16 @@ def tiny_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tiny") / "run"
     Trainer(run_dir, model, train, data).run(progress=False)
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def dates_tsv(tmp_path_factory) -> Path:
+    """300 date pairs (``qkv.data.tasks.date_pairs``, seed 3) in a TSV file: a corpus that trains in seconds."""
+    from qkv.data.tasks import date_pairs
+
+    path = tmp_path_factory.mktemp("dates") / "dates.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(300, seed=3)), encoding="utf-8")
+    return path
 
 
 RANDOM_MODEL_SENTENCES = ["A dog runs across the green field.", "Ein Hund rennt über die grüne Wiese.",

@@ -27,7 +27,6 @@ from qkv.inspect.doctor import check_resume_exactness
 from qkv.cli.main import main
 from qkv.train.log import RunLog
 from qkv.train.stopping import StopRequested
-from qkv.data.tasks import date_pairs
 from qkv.train.trainer import Trainer
 from qkv.train.recipes import build_configs
 
@@ -46,13 +45,6 @@ def one_line_error(result: subprocess.CompletedProcess, command: str) -> str:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"qkv {command}: error: "), result.stderr
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def dates_tsv(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("dates") / "dates.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(300, seed=3)), encoding="utf-8")
-    return path
 
 
 def dates_trainer(run_dir: Path, data: Path, **train) -> Trainer:

@@ -13,7 +13,6 @@ from qkv.model import cpu, kernels
 from qkv.model.config import ModelConfig
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
 from qkv.model.transformer import Transformer
-from qkv.data.tasks import date_pairs
 from qkv.train.trainer import Trainer
 from qkv.train.recipes import build_configs
 from qkv.model.dropout import FastDropout, use_fast_dropout
@@ -174,13 +173,6 @@ def test_through_the_model_every_weight_gets_the_plain_gradient(tie_output, outp
 
 
 # ---- the trainer's flags -----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def dates_tsv(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("dates") / "dates.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(300, seed=3)), encoding="utf-8")
-    return path
 
 
 def trainer(run_dir: Path, data: Path, *, dropout: float = 0.0, **train) -> Trainer:

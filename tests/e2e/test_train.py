@@ -20,7 +20,6 @@ from qkv.io import checkpoint
 from qkv.model.config import ConfigError
 from qkv.io.checkpoint import step_dirs
 from qkv.train.stopping import StopRequested
-from qkv.data.tasks import date_pairs
 from qkv.train.recipes import TRAIN_PRESETS, TrainConfig, build_configs
 from qkv.train.trainer import Trainer
 from qkv.train.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
@@ -273,13 +272,6 @@ def test_a_checkpoint_without_training_state_cannot_be_resumed(uninterrupted):
 
 
 # ---- final/, step checkpoints, time budgets, resume overrides (generated dates: no download) -------
-
-
-@pytest.fixture(scope="module")
-def dates_tsv(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("dates") / "dates.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(300, seed=3)), encoding="utf-8")
-    return path
 
 
 def dates_configs(data: Path, **train):
