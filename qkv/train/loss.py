@@ -1,6 +1,9 @@
-"""The training objective: label-smoothed cross-entropy (section 5.4), plain and fused with the output layer."""
+"""The training objective: label-smoothed cross-entropy (section 5.4), plain and fused with the output
+layer, and R-Drop's consistency term between two dropout passes."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -134,3 +137,38 @@ def projected_label_smoothed_loss(
     need_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (hidden, weight, bias))
     loss = _ProjectedLoss.apply(rows, weight, bias, labels, float(smoothing), chunk, need_grad, torch.bfloat16 if bf16 else None)
     return loss, keep.sum()
+
+
+def rdrop_loss(
+    hidden: Tensor, project: Callable[[Tensor], Tensor], target: Tensor, *, pad_id: int, smoothing: float, alpha: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """R-Drop (Liang et al., 2021): the batch went through the model twice, with its own dropout
+    masks each time, and the two passes' output distributions are pulled together.
+
+    hidden: (2B, T, D) decoder outputs before the output projection, rows 0..B-1 the first pass and
+    B..2B-1 the second pass of the same sentences; project: the output layer, (n, D) -> (n, V);
+    target: (B, T). Per real target position, with p1 and p2 the two passes' distributions:
+
+        objective = (CE(p1) + CE(p2)) / 2 + alpha / 4 * (KL(p1 || p2) + KL(p2 || p1))
+
+    where CE is ``label_smoothed_loss``'s cross-entropy. This is R-Drop's published objective (both
+    passes' cross-entropy plus alpha times the mean of the two KL divergences) halved, so that alpha
+    means what it means there (5 in its translation recipe) and alpha = 0 is the plain loss's scale.
+    Returns (objective summed over the real positions, the cross-entropy part alone, their count).
+    The logits of both passes' real positions are held whole: (2N, V) floats, and their softmax.
+    """
+    if hidden.size(0) != 2 * target.size(0):
+        raise ValueError(f"hidden must hold two passes of target's {target.size(0)} sentences, got {hidden.size(0)} rows")
+    D = hidden.size(-1)
+    keep = (target != pad_id).reshape(-1)  # (B*T,)
+    rows = hidden.reshape(2, -1, D)[:, keep].reshape(-1, D)  # (2N, D): the first pass's N rows, then the second's
+    logits = project(rows)  # (2N, V)
+    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # at least float32
+    labels = target.reshape(-1)[keep].repeat(2)  # (2N,)
+    # label smoothing as F.cross_entropy has it: (1 - e) (-log p[target]) + e * mean over the vocabulary of -log p
+    nll = -logp.gather(1, labels[:, None]).squeeze(1)  # (2N,)
+    ce = ((1 - smoothing) * nll - smoothing * logp.mean(dim=-1)).sum() / 2
+    lp1, lp2 = logp.chunk(2)  # (N, V) each
+    # KL(p1 || p2) + KL(p2 || p1) = sum_v p1 (lp1 - lp2) + p2 (lp2 - lp1) = sum_v (p1 - p2)(lp1 - lp2)
+    kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum()
+    return ce + alpha / 4 * kl, ce.detach(), keep.sum()

@@ -75,6 +75,7 @@ class TrainConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    rdrop: float = 0.0  # R-Drop's alpha: each batch runs twice, KL between the passes (qkv.train.loss.rdrop_loss); 0: off
     clip_norm: float = 1.0  # 0 disables clipping
     max_epochs: int = 1000
     max_steps: int = 0  # 0: no limit
@@ -113,7 +114,7 @@ class TrainConfig:
         for name in ("label_smoothing", "beta1", "beta2", "ema"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")
-        for name in ("eps", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
+        for name in ("eps", "rdrop", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("accumulate", "max_epochs", "valid_beam"):

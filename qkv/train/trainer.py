@@ -41,7 +41,7 @@ from qkv.data.corpus import Batches, DataError, EncodedCorpus, collate, encode_c
 from qkv.io.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
-from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss
+from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss, rdrop_loss
 from qkv.train.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
 from qkv.model.transformer import Transformer
 from qkv.train.progress import PlainProgress
@@ -88,14 +88,17 @@ class TrainResult:
 
 def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
-    bfloat16 natively, with the fused loss on (a GPU uses autocast instead)."""
-    return train.bf16 and device.type == "cpu" and train.fused_loss and cpu.cpu_has_bf16()
+    bfloat16 natively, with the fused loss on and R-Drop off (a GPU uses autocast instead)."""
+    return train.bf16 and device.type == "cpu" and train.fused_loss and not train.rdrop and cpu.cpu_has_bf16()
 
 
 def cpu_bf16_layers(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``bf16_layers`` puts the linear layers' products in bfloat16 too: where ``--bf16``
-    does so for the loss and the layers run on oneDNN (``kernels.bf16_products``)."""
-    return train.bf16_layers and train.onednn and cpu_bf16_loss(train, device)
+    does so for the loss and the layers run on oneDNN (``kernels.bf16_products``). With R-Drop, whose
+    loss is not the fused one, the output layer is one of those layers and multiplies in bfloat16 too."""
+    return train.bf16_layers and train.onednn and (
+        cpu_bf16_loss(train, device) or bool(train.rdrop and train.bf16 and device.type == "cpu" and cpu.cpu_has_bf16())
+    )
 
 
 class Trainer:
@@ -183,15 +186,21 @@ class Trainer:
         # products (the output layer, 4x faster there), and with bf16_layers the linear layers' products
         # on oneDNN (2x; whole-step autocast, which casts around every op, was slower than float32 on the CPU).
         self.autocast = train.bf16 and self.device.type == "cuda"
-        self.fused_loss = train.fused_loss and not self.autocast  # the fused loss computes in float32
+        # the fused loss computes in float32; R-Drop needs both passes' whole distributions
+        self.fused_loss = train.fused_loss and not self.autocast and not train.rdrop
         self.loss_bf16 = cpu_bf16_loss(train, self.device)
         self.linear_bf16 = cpu_bf16_layers(train, self.device)
         if train.bf16_layers and not self.linear_bf16 and self.device.type == "cpu" and self.dist.is_main:
             warnings.warn("bf16_layers needs --bf16 on a CPU with bfloat16 matmuls and onednn=true: the linear layers stay in float32",
                           stacklevel=2)
-        if train.bf16 and not (self.autocast or self.loss_bf16) and self.dist.is_main:
-            why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
-            warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32", stacklevel=2)
+        if train.bf16 and not (self.autocast or self.loss_bf16 or self.linear_bf16) and self.dist.is_main:
+            if train.rdrop and cpu.cpu_has_bf16():
+                warnings.warn("bf16 on the CPU with R-Drop needs bf16_layers=true (R-Drop computes the logits whole, "
+                              "not in the fused loss): training stays in float32", stacklevel=2)
+            else:
+                why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
+                warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32",
+                              stacklevel=2)
         if train.decay == "none" and not (train.max_steps or train.time_budget) and self.dist.is_main:
             warnings.warn("decay=none holds the peak learning rate until the cool-down, which needs the run's end: "
                           "without --max-steps or --time-budget the rate stays at its peak (give one of them, or "
@@ -385,7 +394,8 @@ class Trainer:
         Gradients of the summed loss are accumulated over the micro-batches and all-reduced over the
         ranks, and the sum is divided by the target tokens of the whole step (all micro-batches on
         all ranks), so N ranks x K micro-batches make the same update as one batch holding them all.
-        Returns (loss per token over the whole step, its target tokens, whether it was applied).
+        Returns (loss per token over the whole step, its target tokens, whether it was applied); with
+        R-Drop (``rdrop``) the loss is the cross-entropy of the two passes' mean, without the KL term.
         """
         cfg, tok, ctx = self.train_cfg, self.tokenizer, self.dist
         inputs = [self._collate(indices) for indices in batches]
@@ -406,15 +416,22 @@ class Trainer:
             is_last = i == len(inputs) - 1
             with self.train_model.no_sync() if ddp and not is_last else contextlib.nullcontext(), \
                     kernels.bf16_products(self.linear_bf16):
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                    out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
-                gen, smoothing = self.model.generator, cfg.label_smoothing  # fused: the projection inside the loss, in chunks
-                loss_sum, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id, smoothing=smoothing,
-                                                            bf16=self.loss_bf16) \
-                    if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
+                gen, smoothing = self.model.generator, cfg.label_smoothing
+                if cfg.rdrop:  # R-Drop: the batch twice in one (2B rows), each copy with its own dropout masks
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                        out = self.train_model(torch.cat([src, src]), torch.cat([tgt_in, tgt_in]), project=False)  # (2B, T, D)
+                        objective, loss_sum, _ = rdrop_loss(out, gen, tgt_out, pad_id=tok.pad_id, smoothing=smoothing, alpha=cfg.rdrop)
+                else:
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                        out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
+                    # fused: the projection inside the loss, in chunks
+                    objective, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id,
+                                                                 smoothing=smoothing, bf16=self.loss_bf16) \
+                        if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
+                    loss_sum = objective
                 # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
-                (loss_sum / n_tokens * ctx.world_size).backward()
-            loss_total += loss_sum.detach()
+                (objective / n_tokens * ctx.world_size).backward()
+            loss_total += loss_sum.detach()  # the cross-entropy: with R-Drop, of the two copies' mean
         # Summed over ranks, a non-finite loss anywhere is non-finite everywhere: all ranks skip together.
         loss = distributed.all_reduce_sum(loss_total, ctx) / n_tokens
         if not torch.isfinite(loss):
@@ -496,7 +513,7 @@ class Trainer:
         too), or None (float32 throughout)."""
         if self.autocast:
             return "autocast"
-        return ("linear and output layers" if self.linear_bf16 else "output layer") if self.loss_bf16 else None
+        return "linear and output layers" if self.linear_bf16 else "output layer" if self.loss_bf16 else None
 
     def run(self, *, progress: bool = True) -> TrainResult:
         """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;
