@@ -40,7 +40,7 @@ from qkv.model.dropout import FastDropout
 from qkv.train.recipes import adam_kernel
 from qkv.data.corpus import collate
 from qkv.train.recipes import build_configs
-from qkv.train.trainer import Trainer, cpu_bf16_layers, cpu_bf16_loss
+from qkv.train.trainer import Trainer, cpu_bf16_layers, cpu_bf16_loss, uses_fused_loss
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False,
        "bf16_layers": False}
@@ -62,8 +62,13 @@ ROWS = [  # (key, label, flags)
     ("bf16_mkl", "the default + --bf16, with MKL's linear layers (onednn=false)", {**NEW, "bf16": True, "onednn": False}),
     ("all_opt_in", "the default + bf16 + bf16_layers (every opt-in speed-up)", {**NEW, "bf16": True, "bf16_layers": True}),
     ("autocast", "the default under whole-step bf16 autocast (not offered on the CPU: plain loss)", {**NEW, "fused_loss": False, "autocast": True}),
+    ("rdrop", "the default + R-Drop (rdrop=5: each batch twice, the logits whole; a recipe, not a speed-up)", {**NEW, "rdrop": 5.0}),
+    ("rdrop_bf16_layers", "R-Drop with --bf16 and bf16_layers (the linear and output layers' products in bf16)",
+     {**NEW, "rdrop": 5.0, "bf16": True, "bf16_layers": True}),
     ("torch_transformer", "torch.nn.Transformer loop (pre-LN, same batches, tuned allocator, fused Adam)", None),
 ]
+
+RECIPE_ROWS = {"rdrop", "rdrop_bf16_layers"}  # what a recipe costs, not a speed-up: run only when named
 
 
 def _peak_rss_reset() -> None:
@@ -110,7 +115,7 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
     flags = dict(flags)
     trainer.autocast = flags.pop("autocast", False)  # whole-step torch.autocast, as on a GPU
     trainer.train_cfg = cfg = replace(base, **flags)
-    trainer.fused_loss = cfg.fused_loss
+    trainer.fused_loss = uses_fused_loss(cfg, trainer.autocast)
     trainer.loss_bf16 = cpu_bf16_loss(cfg, trainer.device)
     trainer.linear_bf16 = cpu_bf16_layers(cfg, trainer.device)
     kernels.prefer_onednn(cfg.onednn)
@@ -127,12 +132,13 @@ def _configure(trainer: Trainer, base, flags: dict, initial: dict) -> None:
 
 
 def run(*, smoke: bool, data_dir: str, peak_flops: float, log, repeats: int = 0, rows: list[str] | None = None) -> dict:
-    """``rows``: the keys of ``ROWS`` to run (default: all), in ``ROWS``' order; "today" is always run."""
+    """``rows``: the keys of ``ROWS`` to run (default: all but ``RECIPE_ROWS``), in ``ROWS``' order;
+    "today" is always run."""
     repeats = repeats or (2 if smoke else 3)
     unknown = set(rows or ()) - {key for key, _, _ in ROWS}
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)}; choose from {', '.join(key for key, _, _ in ROWS)}")
-    chosen = [row for row in ROWS if rows is None or row[0] in rows or row[0] == "today"]
+    chosen = [row for row in ROWS if (row[0] not in RECIPE_ROWS if rows is None else row[0] in rows) or row[0] == "today"]
     timed = 2 if smoke else 3
     data = {"data_dir": data_dir, "valid_limit": 20} | ({"train_limit": 3000, "vocab_size": 1000} if smoke else {})
     model_cfg, train_cfg, data_cfg = build_configs("multi30k", model={}, train={"tune_allocator": False}, data=data)

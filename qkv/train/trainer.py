@@ -86,6 +86,13 @@ class TrainResult:
     final: dict[str, Any]  # validation scores of final/
 
 
+def uses_fused_loss(train: TrainConfig, autocast: bool) -> bool:
+    """Whether a train step computes the output layer and loss fused (``projected_label_smoothed_loss``):
+    ``fused_loss`` asks for it; it computes in float32, so not under autocast; R-Drop needs both
+    passes' whole distributions, so not with ``rdrop``."""
+    return train.fused_loss and not autocast and not train.rdrop
+
+
 def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
     bfloat16 natively, with the fused loss on and R-Drop off (a GPU uses autocast instead)."""
@@ -186,8 +193,7 @@ class Trainer:
         # products (the output layer, 4x faster there), and with bf16_layers the linear layers' products
         # on oneDNN (2x; whole-step autocast, which casts around every op, was slower than float32 on the CPU).
         self.autocast = train.bf16 and self.device.type == "cuda"
-        # the fused loss computes in float32; R-Drop needs both passes' whole distributions
-        self.fused_loss = train.fused_loss and not self.autocast and not train.rdrop
+        self.fused_loss = uses_fused_loss(train, self.autocast)
         self.loss_bf16 = cpu_bf16_loss(train, self.device)
         self.linear_bf16 = cpu_bf16_layers(train, self.device)
         if train.bf16_layers and not self.linear_bf16 and self.device.type == "cpu" and self.dist.is_main:
