@@ -401,7 +401,7 @@ class Trainer:
         ranks, and the sum is divided by the target tokens of the whole step (all micro-batches on
         all ranks), so N ranks x K micro-batches make the same update as one batch holding them all.
         Returns (loss per token over the whole step, its target tokens, whether it was applied); with
-        R-Drop (``rdrop``) the loss is the cross-entropy of the two passes' mean, without the KL term.
+        R-Drop (``rdrop``) the loss is the two passes' mean cross-entropy, without the KL term.
         """
         cfg, tok, ctx = self.train_cfg, self.tokenizer, self.dist
         inputs = [self._collate(indices) for indices in batches]
@@ -437,7 +437,7 @@ class Trainer:
                     loss_sum = objective
                 # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
                 (objective / n_tokens * ctx.world_size).backward()
-            loss_total += loss_sum.detach()  # the cross-entropy: with R-Drop, of the two copies' mean
+            loss_total += loss_sum.detach()  # the cross-entropy: with R-Drop, the two passes' mean
         # Summed over ranks, a non-finite loss anywhere is non-finite everywhere: all ranks skip together.
         loss = distributed.all_reduce_sum(loss_total, ctx) / n_tokens
         if not torch.isfinite(loss):
