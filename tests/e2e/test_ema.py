@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_train import RecordingTrainer, dates_configs, dates_tsv, same_weights  # noqa: F401 (a fixture)
+from test_train import RecordingTrainer, dates_configs, same_weights
 
 from qkv.io import checkpoint
 from qkv.train.ema import WeightEMA, ema_decay
