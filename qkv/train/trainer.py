@@ -93,19 +93,22 @@ def uses_fused_loss(train: TrainConfig, autocast: bool) -> bool:
     return train.fused_loss and not autocast and not train.rdrop
 
 
+def _cpu_bf16(train: TrainConfig, device: torch.device) -> bool:
+    """``--bf16`` on a CPU that multiplies bfloat16 natively (a GPU uses autocast instead)."""
+    return train.bf16 and device.type == "cpu" and cpu.cpu_has_bf16()
+
+
 def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
-    bfloat16 natively, with the fused loss on and R-Drop off (a GPU uses autocast instead)."""
-    return train.bf16 and device.type == "cpu" and train.fused_loss and not train.rdrop and cpu.cpu_has_bf16()
+    bfloat16 natively, with the fused loss on and R-Drop off."""
+    return _cpu_bf16(train, device) and train.fused_loss and not train.rdrop
 
 
 def cpu_bf16_layers(train: TrainConfig, device: torch.device) -> bool:
     """Whether ``bf16_layers`` puts the linear layers' products in bfloat16 too: where ``--bf16``
     does so for the loss and the layers run on oneDNN (``kernels.bf16_products``). With R-Drop, whose
     loss is not the fused one, the output layer is one of those layers and multiplies in bfloat16 too."""
-    return train.bf16_layers and train.onednn and (
-        cpu_bf16_loss(train, device) or bool(train.rdrop and train.bf16 and device.type == "cpu" and cpu.cpu_has_bf16())
-    )
+    return train.bf16_layers and train.onednn and _cpu_bf16(train, device) and (train.fused_loss or bool(train.rdrop))
 
 
 class Trainer:

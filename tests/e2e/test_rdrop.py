@@ -3,8 +3,6 @@ training step with it against the plain step."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +12,7 @@ from qkv.model.config import ConfigError
 from qkv.train.loss import rdrop_loss
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
+from test_speed import trainer
 
 PAD = 2
 
@@ -32,11 +31,11 @@ def by_the_formula(hidden, project, target, smoothing, alpha):
     """Each pass's cross-entropy by F.cross_entropy, and both KL divergences by F.kl_div, at the real positions."""
     B, V = target.size(0), project(hidden[:1, :1]).size(-1)
     ce, kl = [], 0
-    logp = [F.log_softmax(project(hidden[i * B : (i + 1) * B]), -1).reshape(-1, V) for i in range(2)]
+    logits = [project(hidden[i * B : (i + 1) * B]).reshape(-1, V) for i in range(2)]
+    logp = [F.log_softmax(x, -1) for x in logits]
     real = target.reshape(-1) != PAD
     for i in range(2):
-        logits = project(hidden[i * B : (i + 1) * B]).reshape(-1, V)
-        ce.append(F.cross_entropy(logits, target.reshape(-1), ignore_index=PAD, label_smoothing=smoothing, reduction="sum"))
+        ce.append(F.cross_entropy(logits[i], target.reshape(-1), ignore_index=PAD, label_smoothing=smoothing, reduction="sum"))
         # F.kl_div(input, target) = KL(target || input), input and target as log-probabilities
         kl = kl + F.kl_div(logp[1 - i][real], logp[i][real], reduction="sum", log_target=True)
     return (ce[0] + ce[1]) / 2 + alpha / 4 * kl, (ce[0] + ce[1]) / 2, kl
@@ -70,13 +69,6 @@ def test_two_equal_passes_cost_nothing_more_than_one():
 
 
 # ---- in the trainer ----------------------------------------------------------------------------
-
-
-def trainer(run_dir: Path, data: Path, *, dropout: float, **train) -> Trainer:
-    model, train_cfg, data_cfg = build_configs(
-        "tiny", model={"dropout": dropout}, train={"threads": 1, **train}, data={"corpus": "files", "train_src": str(data), "vocab_size": 120}
-    )
-    return Trainer(run_dir, model, train_cfg, data_cfg)
 
 
 def first_steps(t: Trainer, n: int = 5) -> tuple[list[float], dict[str, torch.Tensor]]:
