@@ -34,6 +34,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from qkv.data.corpus import DataError, EncodedCorpus, ParallelCorpus, read_parallel, read_tsv
+from qkv.data.corpus import DataError, EncodedCorpus, ParallelCorpus, held_out, read_parallel, read_tsv
 from qkv.data.tokenizer import Tokenizer
 from qkv.io.checkpoint import sha256
 
@@ -108,17 +109,31 @@ def read_corpora(srcs: Sequence[Path], tgts: Sequence[Path] | None) -> Iterator[
         yield from read_pairs(src, tgts[i] if tgts else None)
 
 
-def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int) -> tuple[list[str], int]:
+def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int, *, hold_out: bool) -> tuple[list[str], int]:
     """A seeded uniform sample of at most ``k`` pairs (reservoir sampling), as the sample's sources then
-    its targets (the order ``qkv train`` gives its tokenizer the text files); the pairs read."""
+    its targets (the order ``qkv train`` gives its tokenizer the text files); the pairs read. With
+    ``hold_out``, the pairs :func:`held_out` keeps for validation are left out of the sample: each pair
+    is offered to the reservoir only once 1,000 more have been read, or at the end if it is not held out."""
     rng = random.Random(seed)
     reservoir: list[tuple[str, str]] = []
-    n = 0
-    for n, pair in enumerate(pairs, 1):
+    offered = 0
+
+    def offer(pair: tuple[str, str]) -> None:
+        nonlocal offered
+        offered += 1
         if len(reservoir) < k:
             reservoir.append(pair)
-        elif (j := rng.randrange(n)) < k:
+        elif (j := rng.randrange(offered)) < k:
             reservoir[j] = pair
+
+    waiting: deque[tuple[str, str]] = deque()
+    n = 0
+    for n, pair in enumerate(pairs, 1):
+        waiting.append(pair)
+        if len(waiting) > (1000 if hold_out else 0):
+            offer(waiting.popleft())
+    for pair in itertools.islice(waiting, len(waiting) - (held_out(n) if hold_out and n else 0)):
+        offer(pair)
     return [s for s, _ in reservoir] + [t for _, t in reservoir], n
 
 
@@ -237,10 +252,13 @@ def prepare(
     tmp.mkdir(parents=True)
     (tmp / MARKER).write_text("written by qkv prepare; safe to delete with this directory\n")
     try:
-        sentences, total = _sample(read_corpora(srcs, tgts), sample, seed)
+        sentences, total = _sample(read_corpora(srcs, tgts), sample, seed, hold_out=not valid_src)
         if total == 0:
             raise DataError(f"{', '.join(map(str, srcs))} hold(s) no pairs")
-        held = 0 if valid_src else max(1, min(1000, total // 20))
+        held = 0 if valid_src else held_out(total)
+        if held >= total:
+            raise DataError(f"{', '.join(map(str, srcs))} hold(s) {total} pair(s): too few to hold some out for "
+                            "validation and train on the rest; give --valid-src")
         with tempfile.TemporaryDirectory(prefix="qkv-prepare-") as aside:
             tokenizer = Tokenizer.train(sentences, vocab_size, Path(aside) / TOKENIZER, seed=seed)
         del sentences

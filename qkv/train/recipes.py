@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qkv.model.config import ConfigError, ModelConfig, did_you_mean, check_types, config_from_dict, model_preset
-from qkv.data.corpus import ParallelCorpus, load_multi30k, read_parallel, read_tsv
+from qkv.data.corpus import ParallelCorpus, held_out, load_multi30k, read_parallel, read_tsv
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
         if data.valid_src:
             valid = read_parallel(data.valid_src, data.valid_tgt) if data.valid_tgt else read_tsv(data.valid_src)
         else:  # hold out the last 5% (at most 1000 pairs) of the training data
-            n = max(1, min(1000, len(train) // 20))
+            n = held_out(len(train))
             valid = ParallelCorpus(train.src[-n:], train.tgt[-n:], 0, train.name + " (held out)")
             train = ParallelCorpus(train.src[:-n], train.tgt[:-n], train.skipped_empty, train.name)
     if data.train_limit:

@@ -16,7 +16,9 @@ import pytest
 from conftest import require_multi30k
 from test_train import RecordingTrainer, same_weights
 
-from qkv.io.prepared import Filters, MappedSide, load_prepared, prepare
+from qkv.data.corpus import DataError
+from qkv.data.tokenizer import Tokenizer
+from qkv.io.prepared import Filters, MappedSide, _sample, load_prepared, prepare
 from qkv.data.tasks import date_pairs
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
@@ -248,6 +250,50 @@ def test_prepared_without_filters_trains_exactly_as_the_text_files_do(corpus, tm
         run.run(progress=False)
     assert runs["text"].losses == runs["prepared"].losses and len(runs["text"].losses) == 12
     assert same_weights(runs["text"].model, runs["prepared"].model)
+
+
+def test_without_validation_files_the_held_out_pairs_stay_out_of_the_tokenizer(tmp_path):
+    """As ``qkv train`` holds the last 5% of text files out, so does ``qkv prepare``, and its tokenizer
+    learns from the training pairs only: the text run and the prepared run get one tokenizer and the
+    same validation pairs. The held-out pairs carry letters no training pair has, so a tokenizer that
+    saw them would have other pieces."""
+    pairs = date_pairs(400, seed=11)
+    held = 400 // 20
+    pairs[-held:] = [(f"zqx {s}", f"zqx {t}") for s, t in pairs[-held:]]
+    assert not any("q" in s + t for s, t in pairs[:-held])
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    tgt.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    off = Filters(empty=True, too_long=False, ratio=0, duplicates=False, copies=False)
+    prepare(src, tgt, tmp_path / "prep", vocab_size=120, max_len=40, seed=7, workers=1, filters=off, progress=False)
+    train = {"threads": 1, "eval_every": 1000, "tune_length_penalty": False, "seed": 7, "max_steps": 1}
+    text = Trainer(tmp_path / "text", *build_configs("tiny", model={}, train=train, data={
+        "corpus": "files", "train_src": str(src), "train_tgt": str(tgt), "vocab_size": 120}))
+    mapped = load_prepared(tmp_path / "prep")
+    assert mapped.tokenizer.model_proto == text.tokenizer.model_proto
+    assert mapped.valid.src == text.valid_data.src == [s for s, _ in pairs[-held:]]
+    leaky = Tokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], 120, tmp_path / "leaky.model", seed=7)
+    assert leaky.model_proto != mapped.tokenizer.model_proto  # what the test would see if they leaked in
+
+
+def test_the_tokenizer_sample_skips_the_held_out_tail_at_any_size():
+    """Past 1,000 pairs the tail is held back as it is read; a sample smaller than the corpus is
+    drawn from the training pairs alone, and without holding out it may draw from every pair."""
+    pairs = [(f"s{i}", f"t{i}") for i in range(3000)]  # 150 held out: held_out(3000)
+    whole, n = _sample(iter(pairs), 5000, 1, hold_out=True)
+    assert n == 3000 and whole == [s for s, _ in pairs[:2850]] + [t for _, t in pairs[:2850]]
+    small, _ = _sample(iter(pairs), 400, 1, hold_out=True)
+    drawn = {int(s[1:]) for s in small[:400]}
+    assert len(drawn) == 400 and max(drawn) < 2850 and max(drawn) > 2000  # uniform over the 2,850
+    free, _ = _sample(iter(pairs), 5000, 1, hold_out=False)
+    assert free == [s for s, _ in pairs] + [t for _, t in pairs]
+
+
+def test_a_corpus_too_small_to_hold_validation_out_asks_for_validation_files(tmp_path):
+    (tmp_path / "one.tsv").write_text("9 mai 2017\t2017-05-09\n", encoding="utf-8")
+    with pytest.raises(DataError, match="too few to hold some out for validation.*give --valid-src"):
+        prepare(tmp_path / "one.tsv", None, tmp_path / "prep", vocab_size=120, progress=False)
+    assert not (tmp_path / "prep").exists() and not (tmp_path / "prep.tmp").exists()
 
 
 def test_multi30k_prepared_without_filters_gives_the_multi30k_presets_own_run(tmp_path):
