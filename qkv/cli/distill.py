@@ -34,7 +34,7 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-score", type=float, help="drop distilled pairs the teacher scored below this (length-normalised log-probability)")
     p.add_argument("--mix-original", action="store_true", help="also train the student on the original pairs")
     p.add_argument("--preset", default="multi30k", help="the student's training recipe (default multi30k; qkv train --preset)")
-    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="the student's model config, e.g. num_decoder_layers=1")
+    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="the student's model config, e.g. n_decoder_layers=1")
     p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="the student's training config overrides")
     p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="the student's data config overrides, e.g. vocab_size=8000")
     p.add_argument("--max-steps", type=int, help="the student's updates")

@@ -26,7 +26,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-request-work", type=int, default=20_000,
-        help="decoding work per request and per batch: beam size x maximum output tokens, summed over texts (default 20000)",
+        help="decoding work per request and per batch, in decoder steps of one token: source tokens, plus the most output tokens x their cost (the beam size for beam search), plus attention, summed over texts (docs/serving.md; default 20000)",
     )
     p.add_argument(
         "--max-attention-weights", type=int, default=1_000_000,
