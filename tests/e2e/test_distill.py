@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from qkv.cli.main import main
 from qkv.io import checkpoint
 from qkv.data.tasks import date_pairs
+from qkv.train import distill
 from qkv.train.recipes import build_configs
 from qkv.train.trainer import Trainer
 
@@ -118,6 +119,19 @@ def test_min_score_drops_low_scored_pairs_and_mix_original_appends_the_originals
     originals = list(zip(sources, dates["train_tgt"].read_text(encoding="utf-8").splitlines()))
     pairs = list(zip((out / "distilled" / "train.src").read_text().splitlines(), (out / "distilled" / "train.tgt").read_text().splitlines()))
     assert pairs == kept + originals
+
+
+def test_empty_translations_and_sources_are_dropped_and_counted(tmp_path):
+    """A teacher's empty translation (or an empty source) trains nothing: it is left out and counted,
+    while the low-scored and the kept are counted apart."""
+    (tmp_path / distill.PARTS).mkdir()
+    sources = ["le chat", "le chien", "", "la maison", "un oiseau"]
+    translations = [("the cat", -0.1), ("  ", -0.2), ("a house", -0.1), ("the house", -5.0), ("a bird", -0.3)]
+    corpus = distill.student_corpus(tmp_path, sources, translations, originals=None,
+                                    filtering=distill.Filtering(min_score=-1.0))
+    assert (corpus.distilled, corpus.dropped_empty, corpus.dropped_score, corpus.original) == (2, 2, 1, 0)
+    assert corpus.src.read_text(encoding="utf-8") == "le chat\nun oiseau\n"
+    assert corpus.tgt.read_text(encoding="utf-8") == "the cat\na bird\n"
 
 
 def test_a_distillation_killed_after_training_writes_its_report_again_without_training(dates, teacher, distilled, tmp_path):
