@@ -105,10 +105,13 @@ def _pairs_to_corpus(pairs: list[tuple[str, str]], name: str, where: str) -> Par
     return ParallelCorpus(src=src, tgt=tgt, skipped_empty=skipped, name=name)
 
 
+MAX_HELD_OUT = 1000  # validation pairs held out of a corpus given without validation files, at most
+
+
 def held_out(total: int) -> int:
     """The pairs held out for validation at the end of a corpus given without validation files: the
-    last 5%, at most 1,000 (``qkv train`` on text files and ``qkv prepare`` alike)."""
-    return max(1, min(1000, total // 20))
+    last 5%, at most ``MAX_HELD_OUT`` (``qkv train`` on text files and ``qkv prepare`` alike)."""
+    return max(1, min(MAX_HELD_OUT, total // 20))
 
 
 def read_parallel(

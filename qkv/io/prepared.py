@@ -42,7 +42,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from qkv.data.corpus import DataError, EncodedCorpus, ParallelCorpus, held_out, read_parallel, read_tsv
+from qkv.data.corpus import MAX_HELD_OUT, DataError, EncodedCorpus, ParallelCorpus, held_out, read_parallel, read_tsv
 from qkv.data.tokenizer import Tokenizer
 from qkv.io.checkpoint import sha256
 
@@ -113,7 +113,7 @@ def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int, *, hold_out: bo
     """A seeded uniform sample of at most ``k`` pairs (reservoir sampling), as the sample's sources then
     its targets (the order ``qkv train`` gives its tokenizer the text files); the pairs read. With
     ``hold_out``, the pairs :func:`held_out` keeps for validation are left out of the sample: each pair
-    is offered to the reservoir only once 1,000 more have been read, or at the end if it is not held out."""
+    is offered to the reservoir only once ``MAX_HELD_OUT`` more have been read, or at the end if it is not held out."""
     rng = random.Random(seed)
     reservoir: list[tuple[str, str]] = []
     offered = 0
@@ -130,7 +130,7 @@ def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int, *, hold_out: bo
     n = 0
     for n, pair in enumerate(pairs, 1):
         waiting.append(pair)
-        if len(waiting) > (1000 if hold_out else 0):
+        if len(waiting) > (MAX_HELD_OUT if hold_out else 0):
             offer(waiting.popleft())
     for pair in itertools.islice(waiting, len(waiting) - (held_out(n) if hold_out and n else 0)):
         offer(pair)
