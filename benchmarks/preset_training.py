@@ -40,7 +40,8 @@ from qkv.model.dropout import FastDropout
 from qkv.train.recipes import adam_kernel
 from qkv.data.corpus import collate
 from qkv.train.recipes import build_configs
-from qkv.train.trainer import Trainer, cpu_bf16_layers, cpu_bf16_loss, uses_fused_loss
+from qkv.train.precision import cpu_bf16_layers, cpu_bf16_loss, uses_fused_loss
+from qkv.train.trainer import Trainer
 
 OLD = {"tune_allocator": False, "fused_loss": False, "adam": "for", "fast_dropout": False, "bf16": False, "onednn": False,
        "bf16_layers": False}

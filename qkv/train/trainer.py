@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 import signal
 import tempfile
@@ -36,7 +35,7 @@ from qkv.model import cpu
 from qkv.train import distributed
 from qkv.model import kernels
 from qkv.train import validation
-from qkv.model.config import ConfigError, ModelConfig, config_from_dict
+from qkv.model.config import ModelConfig, config_from_dict
 from qkv.data.corpus import Batches, DataError, EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.io.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
@@ -49,29 +48,16 @@ from qkv.train.progress import progress as show_progress
 from qkv.model.dropout import use_fast_dropout
 from qkv.train.recipes import DataConfig, TrainConfig, adam_kernel, load_corpora
 from qkv.io.checkpoint import step_dirs
+from qkv.train.precision import Precision
+from qkv.train.resume import resumed_train_config, restore_tokenizer, saved_train_config
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
 from qkv.io.runs import clear_run, mark_run
 from qkv.train.stopping import Abandoned, StopRequested, StopSignals
 from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
 
-# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
-# and seed, and the last three change the numbers an exact resume repeats (dropout's draws, the products' rounding).
-FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "dropout_bits", "onednn",
-                   "bf16_layers")
-# Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
-NOT_BITWISE_ON_RESUME = ("adam",)
-# What a run saved before a setting existed, or before its default changed, ran with: fast_dropout
-# became the default on 2026-11-26, so a saved config without the key drew nn.Dropout's masks, and
-# one without dropout_bits (16 since later that day) drew 32 bits per element.
-SAVED_BEFORE = {"fast_dropout": False, "dropout_bits": 32}
 # Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
 # (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).
 INHERITED_CONFIGS = ("marian",)
-
-
-def saved_train_config(saved: dict[str, Any]) -> TrainConfig:
-    """The ``train`` section of a run's config.json as the run ran it (``SAVED_BEFORE`` for the keys it lacks)."""
-    return config_from_dict(TrainConfig, {**SAVED_BEFORE, **saved})
 
 
 class HeldPeakWarning(UserWarning):
@@ -84,31 +70,6 @@ class TrainResult:
     step: int
     stopped_because: str
     final: dict[str, Any]  # validation scores of final/
-
-
-def uses_fused_loss(train: TrainConfig, autocast: bool) -> bool:
-    """Whether a train step computes the output layer and loss fused (``projected_label_smoothed_loss``):
-    ``fused_loss`` asks for it; it computes in float32, so not under autocast; R-Drop needs both
-    passes' whole distributions, so not with ``rdrop``."""
-    return train.fused_loss and not autocast and not train.rdrop
-
-
-def _cpu_bf16(train: TrainConfig, device: torch.device) -> bool:
-    """``--bf16`` on a CPU that multiplies bfloat16 natively (a GPU uses autocast instead)."""
-    return train.bf16 and device.type == "cpu" and cpu.cpu_has_bf16()
-
-
-def cpu_bf16_loss(train: TrainConfig, device: torch.device) -> bool:
-    """Whether ``--bf16`` puts the fused loss's products in bfloat16: on a CPU that multiplies
-    bfloat16 natively, with the fused loss on and R-Drop off."""
-    return _cpu_bf16(train, device) and train.fused_loss and not train.rdrop
-
-
-def cpu_bf16_layers(train: TrainConfig, device: torch.device) -> bool:
-    """Whether ``bf16_layers`` puts the linear layers' products in bfloat16 too: where ``--bf16``
-    does so for the loss and the layers run on oneDNN (``kernels.bf16_products``). With R-Drop, whose
-    loss is not the fused one, the output layer is one of those layers and multiplies in bfloat16 too."""
-    return train.bf16_layers and train.onednn and _cpu_bf16(train, device) and (train.fused_loss or bool(train.rdrop))
 
 
 class Trainer:
@@ -192,24 +153,10 @@ class Trainer:
             torch.manual_seed(distributed.rank_seed(train.seed, self.dist.rank, 0))
             device_ids = [self.device] if self.device.type == "cuda" else None
             self.train_model = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
-        # bf16: autocast on a GPU; on a CPU with native bfloat16 matmuls, the fused loss's three
-        # products (the output layer, 4x faster there), and with bf16_layers the linear layers' products
-        # on oneDNN (2x; whole-step autocast, which casts around every op, was slower than float32 on the CPU).
-        self.autocast = train.bf16 and self.device.type == "cuda"
-        self.fused_loss = uses_fused_loss(train, self.autocast)
-        self.loss_bf16 = cpu_bf16_loss(train, self.device)
-        self.linear_bf16 = cpu_bf16_layers(train, self.device)
-        if train.bf16_layers and not self.linear_bf16 and self.device.type == "cpu" and self.dist.is_main:
-            warnings.warn("bf16_layers needs --bf16 on a CPU with bfloat16 matmuls and onednn=true: the linear layers stay in float32",
-                          stacklevel=2)
-        if train.bf16 and not (self.autocast or self.loss_bf16 or self.linear_bf16) and self.dist.is_main:
-            if train.rdrop and cpu.cpu_has_bf16():
-                warnings.warn("bf16 on the CPU with R-Drop needs bf16_layers=true (R-Drop computes the logits whole, "
-                              "not in the fused loss): training stays in float32", stacklevel=2)
-            else:
-                why = "fused_loss is off" if not self.fused_loss else "this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
-                warnings.warn(f"bf16 on the CPU needs the fused loss and a CPU with bfloat16 matmuls ({why}): training stays in float32",
-                              stacklevel=2)
+        # Where the step computes in bfloat16 (qkv.train.precision), warning once of what this device cannot do.
+        precision = Precision.choose(train, self.device, warn=self.dist.is_main)
+        self.autocast, self.fused_loss = precision.autocast, precision.fused_loss
+        self.loss_bf16, self.linear_bf16 = precision.loss_bf16, precision.linear_bf16
         if train.decay == "none" and not (train.max_steps or train.time_budget) and self.dist.is_main:
             warnings.warn("decay=none holds the peak learning rate until the cool-down, which needs the run's end: "
                           "without --max-steps or --time-budget the rate stays at its peak (give one of them, or "
@@ -245,33 +192,15 @@ class Trainer:
         Overrides that could not take effect are refused (ConfigError): Adam's betas, eps and weight
         decay come back with its saved state, max_tokens and seed made the epochs' batches that the
         saved position counts into, and fast_dropout, dropout_bits, onednn and bf16_layers would change
-        the numbers an exact resume repeats (``FIXED_ON_RESUME``). A new adam kernel is taken, with a warning: the run is then not bitwise equal
-        to an uninterrupted one. A new time_budget is planned again into a step count.
-        """
+        the numbers an exact resume repeats (``qkv.train.resume``). A new adam kernel is taken, with a
+        warning: the run is then not bitwise equal to an uninterrupted one. A new time_budget is planned
+        again into a step count."""
         last = checkpoint.resolve(Path(run_dir) / "last")
         config = checkpoint.read_config(last)  # verifies last/ first
         saved = saved_train_config(config["train"])
-        train = config_from_dict(TrainConfig, {**saved.__dict__, **train_overrides})  # the overrides' types checked
-        fixed = [f"{key} ({getattr(saved, key)} -> {getattr(train, key)})" for key in FIXED_ON_RESUME if getattr(train, key) != getattr(saved, key)]
-        if fixed:
-            raise ConfigError(
-                f"--resume cannot change {', '.join(fixed)}: Adam's saved state, the order of the batches and the numbers "
-                "of an exact resume depend on them; start a new run with --out to train with other values"
-            )
-        changed = [f"{key} {getattr(saved, key)} -> {getattr(train, key)}" for key in NOT_BITWISE_ON_RESUME if getattr(train, key) != getattr(saved, key)]
-        if changed and distributed.current().is_main:
-            warnings.warn(f"--resume with {', '.join(changed)}: the resumed run will not be bitwise equal to an uninterrupted one", stacklevel=2)
-        # The run's tokenizer.model is in no manifest: take the verified copy in last/ instead.
-        tokenizer_path, saved_tokenizer = Path(run_dir) / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
-        if distributed.current().is_main and (not tokenizer_path.is_file() or tokenizer_path.read_bytes() != saved_tokenizer):
-            fd, tmp = tempfile.mkstemp(prefix=f".{tokenizer_path.name}.", suffix=".tmp", dir=tokenizer_path.parent)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(saved_tokenizer)
-                os.replace(tmp, tokenizer_path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        train = resumed_train_config(saved, train_overrides, warn=distributed.current().is_main)
+        if distributed.current().is_main:
+            restore_tokenizer(Path(run_dir), last)
         trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
                       tensorboard=tensorboard)
         trainer.inherited = {key: config[key] for key in INHERITED_CONFIGS if key in config}
@@ -517,12 +446,8 @@ class Trainer:
 
     @property
     def bf16_mode(self) -> str | None:
-        """Where training computes in bfloat16: "autocast" (a GPU), "output layer" (the CPU's fused
-        loss), "linear and output layers" (the CPU with ``bf16_layers``: the linear layers' products
-        too), or None (float32 throughout)."""
-        if self.autocast:
-            return "autocast"
-        return "linear and output layers" if self.linear_bf16 else "output layer" if self.loss_bf16 else None
+        """Where training computes in bfloat16 (``qkv.train.precision.Precision.mode``)."""
+        return Precision(self.autocast, self.fused_loss, self.loss_bf16, self.linear_bf16).mode
 
     def run(self, *, progress: bool = True) -> TrainResult:
         """Train until max_steps, the planned steps of the time budget, early stopping or max_epochs;

@@ -9,7 +9,8 @@ import pytest
 from qkv.data.tasks import date_pairs
 from qkv.model.config import ConfigError
 from qkv.train.recipes import build_configs
-from qkv.train.trainer import Trainer, saved_train_config
+from qkv.train.resume import saved_train_config
+from qkv.train.trainer import Trainer
 
 
 # ---- --resume -------------------------------------------------------------------------------

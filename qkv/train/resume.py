@@ -1,0 +1,64 @@
+"""What ``qkv train --resume`` may change in a saved run, and how the run's files are put back before it
+continues (``qkv.train.trainer.Trainer.resume`` restores the weights, optimizer, generators and data position).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from qkv.io import checkpoint
+from qkv.model.config import ConfigError, config_from_dict
+from qkv.train.recipes import TrainConfig
+
+# Settings a resumed run cannot change: Adam's state holds the first four, the batches depend on max_tokens
+# and seed, and the last three change the numbers an exact resume repeats (dropout's draws, the products' rounding).
+FIXED_ON_RESUME = ("beta1", "beta2", "eps", "weight_decay", "max_tokens", "seed", "fast_dropout", "dropout_bits", "onednn",
+                   "bf16_layers")
+# Settings a resumed run may change (tests/e2e/test_speed.py), though its numbers then differ from an uninterrupted run's.
+NOT_BITWISE_ON_RESUME = ("adam",)
+# What a run saved before a setting existed, or before its default changed, ran with: fast_dropout
+# became the default on 2026-11-26, so a saved config without the key drew nn.Dropout's masks, and
+# one without dropout_bits (16 since later that day) drew 32 bits per element.
+SAVED_BEFORE = {"fast_dropout": False, "dropout_bits": 32}
+
+
+def saved_train_config(saved: dict[str, Any]) -> TrainConfig:
+    """The ``train`` section of a run's config.json as the run ran it (``SAVED_BEFORE`` for the keys it lacks)."""
+    return config_from_dict(TrainConfig, {**SAVED_BEFORE, **saved})
+
+
+def resumed_train_config(saved: TrainConfig, overrides: dict[str, Any], *, warn: bool = True) -> TrainConfig:
+    """``saved`` with ``overrides`` applied (their types checked). ``FIXED_ON_RESUME`` settings that
+    would change are refused (ConfigError); a change to a ``NOT_BITWISE_ON_RESUME`` one is taken,
+    with a warning when ``warn``."""
+    train = config_from_dict(TrainConfig, {**saved.__dict__, **overrides})
+    fixed = [f"{key} ({getattr(saved, key)} -> {getattr(train, key)})" for key in FIXED_ON_RESUME if getattr(train, key) != getattr(saved, key)]
+    if fixed:
+        raise ConfigError(
+            f"--resume cannot change {', '.join(fixed)}: Adam's saved state, the order of the batches and the numbers "
+            "of an exact resume depend on them; start a new run with --out to train with other values"
+        )
+    changed = [f"{key} {getattr(saved, key)} -> {getattr(train, key)}" for key in NOT_BITWISE_ON_RESUME if getattr(train, key) != getattr(saved, key)]
+    if changed and warn:
+        warnings.warn(f"--resume with {', '.join(changed)}: the resumed run will not be bitwise equal to an uninterrupted one", stacklevel=3)
+    return train
+
+
+def restore_tokenizer(run_dir: Path, last: Path) -> None:
+    """Put ``last/``'s verified copy of the tokenizer back as ``run_dir/tokenizer.model`` if that file is
+    missing or differs (the run's own copy is in no manifest), written aside and renamed into place."""
+    tokenizer_path, saved_tokenizer = run_dir / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
+    if tokenizer_path.is_file() and tokenizer_path.read_bytes() == saved_tokenizer:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{tokenizer_path.name}.", suffix=".tmp", dir=tokenizer_path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(saved_tokenizer)
+        os.replace(tmp, tokenizer_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
