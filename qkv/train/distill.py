@@ -8,7 +8,7 @@ sources with beam search, and a student learns from those translations instead o
                                     (``part_size`` sources each, written whole or not at all)
     DIR/distilled/train.src, .tgt   the student's training pairs: the parts, filtered, mixed
     DIR/student/                    the student's run (``qkv train``'s layout)
-    DIR/report.json, report.md      teacher and student on validation and test: BLEU, chrF, size, speed
+    DIR/report.json, report.md      teacher and student on validation and test: BLEU (cased and lowercased), chrF, size, speed
 
 The translations are exactly ``qkv translate``'s with the same settings (one line per source, a
 sentence's line breaks joined with spaces); the student is ``qkv train`` on the two files.
@@ -189,25 +189,28 @@ def student_corpus(
 
 
 def measure(translator: Translator, sources: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """BLEU, chrF and sentences/s of ``translator`` on one set, timed after a warm-up on its first
+    """BLEU (cased and lowercased), chrF and sentences/s of ``translator`` on one set, timed after a warm-up on its first
     sentences (which starts the decoding workers, if any, and warms the allocator)."""
     translator.translate(list(sources[:64]))
     started = time.perf_counter()
     hypotheses = translator.translate(list(sources))
     seconds = time.perf_counter() - started
     scores = score(hypotheses, list(references))
-    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 1)}
+    return {"bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"],
+            "sentences_per_s": round(len(sources) / max(seconds, 1e-9), 1)}
 
 
 def write_report(out: Path, rows: dict[str, dict[str, Any]], corpus: Corpus, settings: dict[str, Any], how: dict[str, Any]) -> str:
     """``report.json`` and ``report.md``: one row per model (teacher, student) and set; returns the table."""
     sets = [name for name in ("valid", "test") if all(name in row for row in rows.values())]
     lines = [
-        "| model | parameters | length penalty | " + " | ".join(f"{s} BLEU | {s} chrF | {s} sentences/s" for s in sets) + " |",
-        "|---|---:|---:|" + "---:|" * (3 * len(sets)),
+        "| model | parameters | length penalty | "
+        + " | ".join(f"{s} BLEU | {s} BLEU (lc) | {s} chrF | {s} sentences/s" for s in sets) + " |",
+        "|---|---:|---:|" + "---:|" * (4 * len(sets)),
     ]
     for name, row in rows.items():
-        cells = [f"{row[s]['bleu']:.2f} | {row[s]['chrf']:.2f} | {row[s]['sentences_per_s']:,.1f}" for s in sets]
+        cells = [f"{row[s]['bleu']:.2f} | {row[s]['bleu_lc']:.2f} | {row[s]['chrf']:.2f} | {row[s]['sentences_per_s']:,.1f}"
+                 for s in sets]
         lines.append(f"| {name} | {row['parameters']:,} | {row['length_penalty']} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     notes = (f"Student trained on {corpus.distilled:,} distilled pairs ({corpus.dropped_score:,} dropped by --min-score, "

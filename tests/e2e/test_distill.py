@@ -91,6 +91,8 @@ def test_the_report_puts_teacher_and_student_side_by_side(teacher, distilled):
     for row in report["models"].values():
         assert set(row) == {"parameters", "length_penalty", "valid", "test"}
         assert 0 <= row["test"]["bleu"] <= 100 and row["test"]["sentences_per_s"] > 0
+        for set_name in ("valid", "test"):  # lowercasing only merges matches: never below the cased score
+            assert row[set_name]["bleu"] <= row[set_name]["bleu_lc"] <= 100
     single = checkpoint.load(teacher / "final").model.num_parameters()
     assert report["models"]["teacher (ensemble of 2)"]["parameters"] == 2 * single
     assert report["models"]["student"]["parameters"] == checkpoint.load(distilled / "student" / "final").model.num_parameters()
@@ -98,6 +100,9 @@ def test_the_report_puts_teacher_and_student_side_by_side(teacher, distilled):
     assert report["measured"]["device"] == "cpu" and report["measured"]["workers"] == len(os.sched_getaffinity(0))  # auto
     markdown = (distilled / "report.md").read_text()
     assert f"| student | {report['models']['student']['parameters']:,} |" in markdown
+    assert "| valid BLEU | valid BLEU (lc) | valid chrF | valid sentences/s | test BLEU | test BLEU (lc) |" in markdown
+    student = report["models"]["student"]
+    assert f"| {student['test']['bleu']:.2f} | {student['test']['bleu_lc']:.2f} | {student['test']['chrf']:.2f} |" in markdown
     assert not [p for p in distilled.rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
     mask = os.umask(0)
     os.umask(mask)
