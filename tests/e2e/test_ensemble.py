@@ -71,3 +71,24 @@ def test_ensembles_through_the_command_line(random_checkpoint, tiny_run, tmp_pat
     assert len(doubled.stdout.split("\n")) == 4
     other = run(random_checkpoint, tiny_run)  # trained with its own tokenizer
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "different tokenizers" in other.stderr
+
+
+def test_an_ensemble_decodes_with_the_first_checkpoints_length_penalty_unless_one_is_given(random_checkpoint, tmp_path):
+    from qkv.io import checkpoint
+
+    loaded = checkpoint.load(random_checkpoint)
+    low, high = (checkpoint.save(tmp_path / name, loaded.model, loaded.tokenizer,
+                                 configs={"data": {"src_lang": "en", "tgt_lang": "de"}, "decode": {"length_penalty": alpha}})
+                 for name, alpha in (("low", 0.3), ("high", 1.7)))
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("A dog runs across the green field.\n")
+    ref.write_text("Ein Hund läuft über die grüne Wiese.\n")
+    evaluate = lambda *flags: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "qkv", "evaluate", *flags, "--src-file", str(src), "--ref-file", str(ref), "--beam", "2"],
+        capture_output=True, text=True,
+    )
+    for first, second, alpha in ((low, high, "0.3"), (high, low, "1.7")):
+        result = evaluate("--checkpoint", str(first), "--checkpoint", str(second))
+        assert result.returncode == 0 and f"beam 2, length penalty {alpha}," in result.stdout
+    given = evaluate("--checkpoint", str(low), "--checkpoint", str(high), "--length-penalty", "1.1")
+    assert given.returncode == 0 and "beam 2, length penalty 1.1," in given.stdout
