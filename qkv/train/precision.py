@@ -2,8 +2,8 @@
 
 On a GPU, ``--bf16`` is autocast. On a CPU that multiplies bfloat16 natively (AVX-512 BF16 or AMX), whole-step
 autocast, which casts around every op, was slower than float32; there ``--bf16`` puts the fused loss's three
-products (the output layer, 4x faster) in bfloat16, and ``bf16_layers`` the linear layers' products too, on
-oneDNN (2x; ``qkv.model.kernels.bf16_products``). See docs/cpu-speed.md for the measurements.
+products (the output layer's) in bfloat16, and ``bf16_layers`` the linear layers' products too, on oneDNN
+(``qkv.model.kernels.bf16_products``). docs/cpu-speed.md gives the measured speeds.
 """
 
 from __future__ import annotations
