@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from qkv.errors import QkvError
 from qkv.io import checkpoint
 from qkv.model.transformer import OutputSubset, Transformer
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 
 
 class EnsembleMemory:

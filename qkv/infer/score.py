@@ -17,7 +17,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.data.corpus import collate
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import length_batches
 
 

@@ -13,7 +13,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.io import checkpoint
 from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, search
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.shortlist import Shortlist
 from qkv.infer.workers import DecodingWorkers
 

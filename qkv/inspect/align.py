@@ -18,7 +18,7 @@ from qkv.errors import QkvError
 from qkv.data.corpus import collate
 from qkv.infer.search import DecodeConfig
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator, length_batches
 from qkv.inspect.visualize import align_words
 

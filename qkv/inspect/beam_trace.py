@@ -20,7 +20,7 @@ from pathlib import Path
 from qkv.errors import QkvError
 from qkv.infer.search import DecodeConfig, beam_search
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import collate_sources, suppressed_tokens
 
 COLORS = {"live": "#1f77b4", "finished": "#2ca02c", "pruned": "#b0b0b0"}

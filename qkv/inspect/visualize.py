@@ -21,7 +21,7 @@ from torch import Tensor
 from qkv.infer.search import DecodeConfig, search
 from qkv.io.outputs import output_file
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import collate_sources, suppressed_tokens
 
 Kind = Literal["cross", "enc-self", "dec-self"]

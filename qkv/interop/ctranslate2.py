@@ -34,7 +34,8 @@ from qkv.errors import MissingPackage, QkvError
 from qkv.io import checkpoint
 from qkv.infer.search import DecodeConfig, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import MarianTokenizer, Tokenizer
+from qkv.data.marian_tokenizer import MarianTokenizer
+from qkv.data.tokenizer import Tokenizer
 
 # A length penalty this small leaves CTranslate2's scores equal to the raw log-probabilities (to
 # ~1e-6 relative) but, unlike 0, turns off its early exit, so it collects beam_size finished

@@ -13,7 +13,7 @@ is measured on the meta device against the weight file's size before anything is
 safetensors, or a ``pytorch_model.bin`` through ``torch.load(weights_only=True)``, which refuses a
 pickle that holds more than tensors (on torch 2.6 or later only: before it, a crafted file runs code
 there, CVE-2025-32434). The weights are converted by ``qkv.interop.convert.from_marian``; the tokenizer
-becomes a ``qkv.data.tokenizer.MarianTokenizer``, stored in the checkpoint's ``tokenizer.model``.
+becomes a ``qkv.data.marian_tokenizer.MarianTokenizer``, stored in the checkpoint's ``tokenizer.model``.
 ``transformers`` is imported only when a function here is called.
 """
 
@@ -38,7 +38,8 @@ from qkv.model.config import ModelConfig
 from qkv.interop.convert import from_marian, marian_config, to_marian
 from qkv.interop.ctranslate2 import check_export_out, write_export
 from qkv.io.outputs import check_checkpoint_out
-from qkv.data.tokenizer import MarianTokenizer, Tokenizer, TokenizerError
+from qkv.data.marian_tokenizer import MarianTokenizer
+from qkv.data.tokenizer import Tokenizer, TokenizerError
 
 HF_CONFIG, SAFETENSORS, PYTORCH_BIN = "config.json", "model.safetensors", "pytorch_model.bin"
 SPM_FILES, VOCAB, TOKENIZER_CONFIG = ("source.spm", "target.spm"), "vocab.json", "tokenizer_config.json"

@@ -13,7 +13,7 @@ and, once ``qkv shortlist`` has added it,
 and last
     manifest.json        every other file's size and SHA-256
 
-Loading verifies before it parses: the manifest must exist and name only the files above, each a
+Loading verifies before it parses (qkv.io.manifest): the manifest must exist and name only the files above, each a
 regular file (no symlinks, devices or paths outside the directory) of the recorded size and checksum;
 only then are config.json, the weights and the tokenizer read, and the weights' shapes are checked
 against the config before any model memory is allocated.
@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import random
 import re
 import shutil
-import stat
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -57,18 +55,15 @@ from safetensors.torch import load_file, save_file, save_model
 from qkv.errors import CheckpointError
 from qkv.model.config import ModelConfig
 from qkv.model.transformer import Transformer
-from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+from qkv.data.marian_tokenizer import MarianTokenizer
+from qkv.data.tokenizer import Tokenizer, load_tokenizer
+from qkv.io import manifest
+from qkv.io.manifest import (  # noqa: F401 (the checkpoint's layout, named here too)
+    CONFIG, FILES, FORMAT_VERSION, MANIFEST, MARKER, REQUIRED, SHORTLIST, TOKENIZER, TRAINER_JSON, TRAINER_TENSORS, WEIGHTS,
+    sha256, write_json,
+)
 from qkv.io.weights import check_shapes, load_weights
 
-FORMAT_VERSION = 1
-WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
-TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
-SHORTLIST = "shortlist.safetensors"  # optional: a vocabulary shortlist for decoding (qkv.infer.shortlist)
-MANIFEST = "manifest.json"
-MARKER = ".qkv-save"  # inside NAME.tmp/ and NAME.old/ while qkv writes or replaces NAME: proof they are qkv's
-REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
-FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, SHORTLIST, MANIFEST))  # all a checkpoint may hold
-MAX_MANIFEST_BYTES = 1 << 20
 LOCK_TIMEOUT = 60.0  # seconds a save waits for another process writing into the same directory
 
 
@@ -147,27 +142,6 @@ def is_checkpoint_dir(path: Path) -> bool:
     return all(p.name in FILES | {MARKER} and p.is_file() and not p.is_symlink() for p in path.iterdir())
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_manifest(directory: Path) -> None:
-    files = {
-        f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)}
-        for f in sorted(directory.iterdir())
-        if f.name not in (MANIFEST, MARKER)
-    }
-    _write_json(directory / MANIFEST, {"format": FORMAT_VERSION, "files": files})
-
-
 def _other_checkpoints(directory: Path) -> str:
     """The run's other checkpoint directories, as a hint after an error about ``directory``."""
     parent = directory.resolve().parent
@@ -177,72 +151,11 @@ def _other_checkpoints(directory: Path) -> str:
     return f"; other checkpoints of this run: {', '.join(others)}" if others else ""
 
 
-def _regular_file(path: Path, hint: str) -> os.stat_result:
-    """lstat ``path`` and refuse anything but a regular file (a symlink, a FIFO, /dev/zero ...)."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing: not a complete checkpoint{hint}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise CheckpointError(f"{path} is not a regular file (a symlink or special file): refused{hint}")
-    return info
-
-
-def _manifest(directory: Path, hint: str = "") -> dict[str, dict[str, Any]]:
-    """The validated ``files`` table of ``directory/manifest.json``; ``hint`` ends its error messages."""
-    path = directory / MANIFEST
-    if not path.exists() and not path.is_symlink():
-        raise CheckpointError(
-            f"{directory} has no {MANIFEST}, so its files cannot be verified: refused "
-            f"(qkv writes one into every checkpoint; a directory without it is incomplete or not from qkv){hint}"
-        )
-    if _regular_file(path, hint).st_size > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{path} is larger than {MAX_MANIFEST_BYTES} bytes: not a qkv manifest{hint}")
-    try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
-        files = manifest["files"]
-        valid = manifest["format"] == FORMAT_VERSION and isinstance(files, dict) and all(
-            isinstance(e, dict) and type(e.get("bytes")) is int and e["bytes"] >= 0
-            and isinstance(e.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", e["sha256"])
-            for e in files.values()
-        )
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        valid = False
-    if not valid:
-        raise CheckpointError(f"{path} is not a valid manifest; the checkpoint is corrupted{hint}")
-    unknown = sorted(name for name in files if name not in FILES - {MANIFEST})
-    if unknown:  # names are never used as paths unless they are one of ours: no "../x", no "/dev/zero"
-        raise CheckpointError(f"{path} lists files a checkpoint does not hold ({', '.join(map(repr, unknown[:3]))}): refused{hint}")
-    missing = [name for name in REQUIRED if name not in files]
-    if missing:
-        raise CheckpointError(f"{path} does not list {', '.join(missing)}: not a complete checkpoint{hint}")
-    return files
-
-
 def verify(directory: str | Path) -> None:
-    """Check every file against ``manifest.json``; raise CheckpointError naming the first that differs.
-
-    A directory without a valid manifest is refused, as is one whose manifest names anything but
-    checkpoint files, leaves out a checkpoint file the directory holds, or whose files are symlinks or
-    special files.
-    """
+    """Check every file against ``manifest.json`` (``qkv.io.manifest.verify``); raise CheckpointError
+    naming the first that differs and the run's other checkpoints."""
     directory = Path(directory)
-    hint = _other_checkpoints(directory)
-    files = _manifest(directory, hint)
-    unlisted = sorted(name for name in FILES - {MANIFEST} - set(files) if os.path.lexists(directory / name))
-    if unlisted:  # it could not be verified, and a later step (--resume) would read it
-        raise CheckpointError(f"{directory / unlisted[0]} is not in the checkpoint's manifest, so it cannot be verified: refused{hint}")
-    for name, entry in files.items():
-        file = directory / name
-        size = _regular_file(file, hint).st_size
-        if size != entry["bytes"]:
-            raise CheckpointError(f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted{hint}")
-        with open(file, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as handle:
-            digest = hashlib.sha256()
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != entry["sha256"]:
-            raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{hint}")
+    manifest.verify(directory, _other_checkpoints(directory))
 
 
 def _fsync(path: Path) -> None:
@@ -296,7 +209,7 @@ def _mark(directory: Path) -> None:
 def _publish(tmp: Path, final: Path) -> None:
     """Replace ``final`` by the fully written ``tmp`` directory, so that a crash at any point leaves a
     whole checkpoint under ``final`` or ``final.old``. Call it holding ``_locked(final.parent)``."""
-    _write_manifest(tmp)
+    manifest.write(tmp)
     for file in tmp.iterdir():
         _fsync(file)
     _fsync(tmp)  # the directory entries themselves
@@ -397,7 +310,7 @@ def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state
         other = Transformer(model.config)
         load_weights(other, state_dict, str(tmp / WEIGHTS))
         save_model(other, str(tmp / WEIGHTS))
-    _write_json(tmp / CONFIG, {"format": FORMAT_VERSION, "model": model.config.to_dict(), **(configs or {})})
+    write_json(tmp / CONFIG, {"format": FORMAT_VERSION, "model": model.config.to_dict(), **(configs or {})})
     tokenizer.save(tmp / TOKENIZER)
     if trainer is not None:
         tensors = {"rng.torch": torch.get_rng_state()}
@@ -417,7 +330,7 @@ def _write_files(tmp: Path, model, tokenizer, configs, trainer, optimizer, state
             "numpy": [np_state[0], np_state[1].tolist(), *map(_scalar, np_state[2:])],
         }
         save_file(tensors, str(tmp / TRAINER_TENSORS))
-        _write_json(tmp / TRAINER_JSON, {**trainer, "rng": rng})
+        write_json(tmp / TRAINER_JSON, {**trainer, "rng": rng})
 
 
 def _to_json(value: Any) -> Any:

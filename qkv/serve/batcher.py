@@ -39,7 +39,7 @@ from torch import Tensor
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator
 from qkv.inspect.visualize import attention_of
 

@@ -53,7 +53,8 @@ from qkv.train.resume import resumed_train_config, restore_tokenizer, saved_trai
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
 from qkv.io.runs import clear_run, mark_run
 from qkv.train.stopping import Abandoned, StopRequested, StopSignals
-from qkv.data.tokenizer import MarianTokenizer, Tokenizer, load_tokenizer
+from qkv.data.marian_tokenizer import MarianTokenizer
+from qkv.data.tokenizer import Tokenizer, load_tokenizer
 
 # Sections of a parent's config.json that a fine-tuned model keeps: they describe the model, not a run
 # (an imported model's "marian": the generation settings ``qkv export --format marian`` writes back).

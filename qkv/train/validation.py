@@ -24,7 +24,7 @@ from qkv.io.checkpoint import step_dirs
 from qkv.train.ema import WeightEMA
 from qkv.train.log import RunLog
 from qkv.train.stopping import Abandoned, StopRequested, StopSignals
-from qkv.data.tokenizer import TextTokenizer
+from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator
 
 

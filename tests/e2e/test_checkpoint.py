@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkv.io import checkpoint
+from qkv.io import checkpoint, manifest
 from qkv.io.checkpoint import CheckpointError
 from qkv.model.config import model_preset
 from qkv.model.transformer import Transformer
@@ -111,7 +111,7 @@ def rewrite(directory: Path, name: str, data: bytes | str) -> None:
     who also updated the checksums, so that the checks after verification are reached."""
     path = directory / name
     path.write_bytes(data.encode() if isinstance(data, str) else data)
-    checkpoint._write_manifest(directory)
+    manifest.write(directory)
 
 
 def test_truncated_weights_name_the_file(saved):

@@ -32,7 +32,7 @@ from qkv.io import checkpoint
 from qkv.cli import main as cli
 from qkv.model import kernels  # noqa: E402
 from qkv.infer.search import DecodeConfig  # noqa: E402
-from qkv.data.tokenizer import MarianTokenizer  # noqa: E402
+from qkv.data.marian_tokenizer import MarianTokenizer  # noqa: E402
 from qkv.infer.translator import Translator  # noqa: E402
 
 MAX_NEW = 20  # output tokens at most, EOS included: qkv --max-len-a 0 --max-len-b 20, generate(max_new_tokens=20)

@@ -21,7 +21,7 @@ from conftest import MULTI30K
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qkv.io import checkpoint
+from qkv.io import checkpoint, manifest
 from qkv.train import trainer as train_module
 from qkv.inspect.doctor import check_resume_exactness
 from qkv.cli.main import main
@@ -567,7 +567,7 @@ def test_a_checkpoint_from_a_newer_qkv_and_a_missing_tokenizer_are_one_line(mode
     shutil.copytree(model_dir, newer)
     config = json.loads((newer / "config.json").read_text())
     (newer / "config.json").write_text(json.dumps({**config, "format": checkpoint.FORMAT_VERSION + 1}))
-    checkpoint._write_manifest(newer)  # as a newer qkv would write it: whole, with its own checksums
+    manifest.write(newer)  # as a newer qkv would write it: whole, with its own checksums
     message = one_line_error(qkv("translate", "--checkpoint", newer, input="9 mai 2017\n"), "translate")
     assert "newer qkv" in message
 

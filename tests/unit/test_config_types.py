@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qkv.io import checkpoint
+from qkv.io import checkpoint, manifest
 from qkv.cli.main import main
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict, model_preset
 from qkv.infer.search import DecodeConfig
@@ -227,7 +227,7 @@ def test_a_checkpoint_config_of_the_wrong_type_is_a_one_line_error(saved, change
     config = json.loads((saved / checkpoint.CONFIG).read_text())
     config["model"].update(change)
     (saved / checkpoint.CONFIG).write_text(json.dumps(config))
-    checkpoint._write_manifest(saved)  # crafted with checksums that agree, so the config is what is read
+    manifest.write(saved)  # crafted with checksums that agree, so the config is what is read
     with pytest.raises(ValueError) as error:
         checkpoint.load(saved)
     assert message in str(error.value) and "\n" not in str(error.value)
