@@ -31,3 +31,13 @@ def cooldown_factor(progress: float | None, cooldown: float) -> float:
     if progress is None or cooldown <= 0:
         return 1.0
     return min(1.0, max(0.0, (1.0 - progress) / cooldown))
+
+
+def budget_steps(time_budget: float, elapsed: float, step: int, cooldown: float) -> int:
+    """The steps that fit in ``time_budget`` seconds at the pace of the first ``step`` (``elapsed``
+    seconds): at least ``step``, and enough that the last ``cooldown`` fraction of the run starts
+    after the measured steps, which ran at the full schedule."""
+    planned = max(step, int(time_budget / (elapsed / step)))
+    if cooldown:
+        planned = max(planned, math.ceil((step - 1) / (1 - cooldown)) + 1)
+    return planned

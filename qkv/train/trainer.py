@@ -14,10 +14,7 @@ steps on its share of each optimizer step's batches, and rank 0 alone validates 
 from __future__ import annotations
 
 import contextlib
-import math
-import shutil
 import signal
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,12 +33,12 @@ from qkv.train import distributed
 from qkv.model import kernels
 from qkv.train import validation
 from qkv.model.config import ModelConfig, config_from_dict
-from qkv.data.corpus import Batches, DataError, EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.data.corpus import Batches, EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.io.prepared import MappedSide, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss, rdrop_loss
-from qkv.train.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
+from qkv.train.schedule import budget_steps, constant_lr, cooldown_factor, inverse_sqrt_lr
 from qkv.model.transformer import Transformer
 from qkv.train.progress import PlainProgress
 from qkv.train.progress import progress as show_progress
@@ -53,6 +50,7 @@ from qkv.train.resume import resumed_train_config, restore_tokenizer, saved_trai
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
 from qkv.io.runs import clear_run, mark_run
 from qkv.train.stopping import Abandoned, StopRequested, StopSignals
+from qkv.train.vocabulary import run_tokenizer
 from qkv.data.marian_tokenizer import MarianTokenizer
 from qkv.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -107,25 +105,8 @@ class Trainer:
         self.train_data, self.valid_data = (prepared, prepared.validation(data.valid_limit)) if prepared else load_corpora(data)
         main = self.dist.is_main
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
-        tokenizer, new_tokenizer = None, False
-        if init_from is not None:  # fine-tuning: the parent's vocabulary, or its embeddings mean nothing
-            tokenizer, new_tokenizer = init_from.tokenizer, True
-            if prepared and init_from.tokenizer.model_proto != prepared.tokenizer.model_proto:
-                raise DataError(f"{data.data_dir} was prepared with another tokenizer than --init-from's: prepare it with that one")
-        elif prepared:  # the pairs were encoded with the prepared directory's tokenizer
-            tokenizer, new_tokenizer = prepared.tokenizer, True
-            if main and not start_over and tokenizer_path.is_file() and tokenizer_path.read_bytes() != tokenizer.model_proto:
-                raise DataError(  # a resumed run's (its last/ copy): its weights belong to that vocabulary
-                    f"{data.data_dir} holds another tokenizer than the run {self.run_dir}: it was prepared again since; "
-                    "resume with the directory the run was trained on"
-                )
-        elif main and (start_over or not tokenizer_path.exists()):
-            with tempfile.TemporaryDirectory(prefix="qkv-tokenizer-") as aside:
-                texts = self.train_data.src + self.train_data.tgt
-                tokenizer = Tokenizer.train(texts, data.vocab_size, Path(aside) / checkpoint.TOKENIZER, seed=train.seed)
-            new_tokenizer = True
-        elif main:  # a resumed run's
-            tokenizer = load_tokenizer(tokenizer_path)
+        tokenizer, new_tokenizer = run_tokenizer(self.run_dir, data.vocab_size, train.seed, self.train_data, init_from=init_from,
+                                                 prepared=prepared, start_over=start_over, main=main)
         writer = open_tensorboard(tensorboard) if tensorboard and main else None
         model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
         self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
@@ -320,12 +301,8 @@ class Trainer:
         ran at the full schedule, as they would under ``--max-steps N``.
         """
         cfg = self.train_cfg
-        seconds_per_step = self.elapsed / self.step
-        planned = max(self.step, int(cfg.time_budget / seconds_per_step))
-        if cfg.cooldown:
-            planned = max(planned, math.ceil((self.step - 1) / (1 - cfg.cooldown)) + 1)
-        self.planned_steps = planned
-        self.log.write(event="budget", step=self.step, planned_steps=planned, seconds_per_step=round(seconds_per_step, 6))
+        self.planned_steps = budget_steps(cfg.time_budget, self.elapsed, self.step, cfg.cooldown)
+        self.log.write(event="budget", step=self.step, planned_steps=self.planned_steps, seconds_per_step=round(self.elapsed / self.step, 6))
 
     def train_step(self, batches: list[list[int]]) -> tuple[float, int, bool]:
         """One optimizer update on this process's micro-batches (lists of example indices).
@@ -415,31 +392,9 @@ class Trainer:
         return distributed.broadcast_flag(stop, self.dist)
 
     def validate_and_save(self, rank_rng: list[dict[str, str]] | None = None) -> bool:
-        """This process alone: validate, write step-N/, best/ (when better) and last/, drop the step
-        checkpoints past ``keep_last``; True when early stopping says stop. ``rank_rng``: every
-        rank's generators (a distributed run), saved in last/."""
-        try:
-            with self.stop.abandonable():  # a signal abandons validation, so that last/ is saved soon
-                metrics = self.validate()
-        except Abandoned:
-            self.log.write(event="valid_abandoned", step=self.step)
-            return False
-        improved = metrics["bleu"] > self.best_bleu
-        if improved:
-            self.best_bleu, self.bad_evals = metrics["bleu"], 0
-        else:
-            self.bad_evals += 1
-        self.log.write(event="valid", step=self.step, epoch=self.epoch, **metrics)
-        self.save(self.run_dir / f"step-{self.step:06d}", resumable=False)
-        if improved:
-            self.save(self.run_dir / "best", resumable=False)
-        self.save(self.run_dir / "last", rank_rng=rank_rng)
-        # Old step checkpoints go only once every save has succeeded: a full disk keeps them all.
-        for old in step_dirs(self.run_dir)[: -self.train_cfg.keep_last]:
-            if checkpoint.is_checkpoint_dir(old):  # a step-N directory holding other files is not ours
-                shutil.rmtree(old)
-        plot_curves(self.log.records, self.run_dir / "curves.png")
-        return bool(self.train_cfg.patience) and self.bad_evals >= self.train_cfg.patience
+        """This process alone: validate and write the step, best and last checkpoints
+        (``qkv.train.validation.validate_and_save``); True when early stopping says stop."""
+        return validation.validate_and_save(self, rank_rng)
 
     def finish(self) -> dict[str, Any]:
         """Write final/, chosen on validation (``qkv.train.validation.write_final``); returns its scores."""

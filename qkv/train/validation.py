@@ -1,12 +1,14 @@
-"""Validation: the loss and BLEU a run logs every ``eval_every`` updates, and at the end of the run
-``final/``, chosen on the validation split: an average of the newest checkpoints (or the EMA of the
-weights), with the length penalty its beam search scored best with.
+"""Validation: the loss and BLEU a run logs every ``eval_every`` updates, with the checkpoints written
+then (step-N/, best/, last/), and at the end of the run ``final/``, chosen on the validation split:
+an average of the newest checkpoints (or the EMA of the weights), with the length penalty its beam
+search scored best with.
 
 Nothing here reads a test set: the choices a run makes are made on validation only.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +24,7 @@ from qkv.model.transformer import Transformer
 from qkv.train.recipes import TrainConfig
 from qkv.io.checkpoint import step_dirs
 from qkv.train.ema import WeightEMA
-from qkv.train.log import RunLog
+from qkv.train.log import RunLog, plot_curves
 from qkv.train.stopping import Abandoned, StopRequested, StopSignals
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator
@@ -30,7 +32,7 @@ from qkv.infer.translator import Translator
 
 
 class Run(Protocol):
-    """What choosing final/ needs of a training run (``qkv.train.trainer.Trainer`` is one)."""
+    """What validating, checkpointing and choosing final/ need of a training run (``qkv.train.trainer.Trainer`` is one)."""
 
     run_dir: Path
     model: Transformer
@@ -40,12 +42,17 @@ class Run(Protocol):
     ema: WeightEMA | None
     stop: StopSignals
     step: int
+    epoch: int
+    best_bleu: float
+    bad_evals: int
     valid_ids: EncodedCorpus
     valid_data: ParallelCorpus
 
     def validate(self) -> dict[str, Any]: ...
 
     def validate_and_save(self) -> bool: ...
+
+    def save(self, directory: Path, *, resumable: bool = True, rank_rng: list[dict[str, str]] | None = None) -> None: ...
 
     def configs(self) -> dict[str, Any]: ...
 
@@ -72,6 +79,34 @@ def validate(model: Transformer, tok: TextTokenizer, ids: EncodedCorpus, referen
     hyps = [tok.decode(h[0].tokens) for h in translator.translate_ids(ids.src_ids)]
     scores = score(hyps, references)
     return {"valid_loss": round(total / count, 4), "bleu": scores["bleu"], "bleu_lc": scores["bleu_lc"], "chrf": scores["chrf"]}
+
+
+def validate_and_save(trainer: Run, rank_rng: list[dict[str, str]] | None = None) -> bool:
+    """This process alone: validate, write step-N/, best/ (when better) and last/, drop the step
+    checkpoints past ``keep_last``; True when early stopping says stop. ``rank_rng``: every
+    rank's generators (a distributed run), saved in last/."""
+    try:
+        with trainer.stop.abandonable():  # a signal abandons validation, so that last/ is saved soon
+            metrics = trainer.validate()
+    except Abandoned:
+        trainer.log.write(event="valid_abandoned", step=trainer.step)
+        return False
+    improved = metrics["bleu"] > trainer.best_bleu
+    if improved:
+        trainer.best_bleu, trainer.bad_evals = metrics["bleu"], 0
+    else:
+        trainer.bad_evals += 1
+    trainer.log.write(event="valid", step=trainer.step, epoch=trainer.epoch, **metrics)
+    trainer.save(trainer.run_dir / f"step-{trainer.step:06d}", resumable=False)
+    if improved:
+        trainer.save(trainer.run_dir / "best", resumable=False)
+    trainer.save(trainer.run_dir / "last", rank_rng=rank_rng)
+    # Old step checkpoints go only once every save has succeeded: a full disk keeps them all.
+    for old in step_dirs(trainer.run_dir)[: -trainer.train_cfg.keep_last]:
+        if checkpoint.is_checkpoint_dir(old):  # a step-N directory holding other files is not ours
+            shutil.rmtree(old)
+    plot_curves(trainer.log.records, trainer.run_dir / "curves.png")
+    return bool(trainer.train_cfg.patience) and trainer.bad_evals >= trainer.train_cfg.patience
 
 
 def write_final(trainer: Run) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from qkv.io.checkpoint import step_dirs
 from qkv.train.stopping import StopRequested
 from qkv.train.recipes import TRAIN_PRESETS, TrainConfig, build_configs
 from qkv.train.trainer import Trainer
-from qkv.train.schedule import constant_lr, cooldown_factor, inverse_sqrt_lr
+from qkv.train.schedule import budget_steps, constant_lr, cooldown_factor, inverse_sqrt_lr
 from qkv.train.loss import label_smoothed_loss
 from qkv.train.validation import LENGTH_PENALTIES
 
@@ -107,6 +107,15 @@ def test_cooldown_is_flat_then_falls_linearly_to_zero_at_the_end_of_the_run():
     assert all(a > b for a, b in zip(factors, factors[1:]))
     with pytest.raises(ValueError, match="cooldown"):
         TrainConfig(cooldown=1.5)
+
+
+def test_a_time_budget_becomes_the_steps_that_fit_at_the_measured_pace():
+    assert budget_steps(3600.0, 50.0, 100, 0.2) == 7200  # 0.5 s a step: 7,200 fit in the hour
+    assert budget_steps(30.0, 50.0, 100, 0.0) == 100  # the budget already spent: the steps done, no fewer
+    # A budget that ends soon after the measurement still starts its cool-down after the measured
+    # steps, which ran at the full schedule: 125 steps put the last 20% (100 to 125) after step 99.
+    assert budget_steps(55.0, 50.0, 100, 0.2) == 125
+    assert cooldown_factor(99 / 125, 0.2) == 1.0
 
 
 # ---- configs ---------------------------------------------------------------------------------
