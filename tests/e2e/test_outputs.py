@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qkv.io import checkpoint
+from qkv.io import checkpoint, manifest
 
 
 
@@ -152,7 +152,7 @@ def test_a_broken_or_crafted_checkpoint_is_a_one_line_error(ckpt, tmp_path):
             (broken / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT_VERSION, "files": []}))
         else:
             change(broken)
-            checkpoint._write_manifest(broken)  # crafted: the checksums agree, the content is wrong
+            manifest.write(broken)  # crafted: the checksums agree, the content is wrong
         result = qkv("translate", "--checkpoint", broken, input="A dog.\n")
         refused(result, "translate", str(broken))
         assert "Traceback" not in result.stderr
