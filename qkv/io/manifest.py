@@ -33,9 +33,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path, *, follow_symlinks: bool = True) -> str:
+    """The SHA-256 of ``path``'s bytes, read in 1 MiB blocks; without ``follow_symlinks`` a symlink
+    is refused by the open itself (OSError), so a file swapped for one after its lstat is never read."""
+    opener = None if follow_symlinks else (lambda p, flags: os.open(p, flags | os.O_NOFOLLOW))
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open(path, "rb", opener=opener) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -110,9 +113,5 @@ def verify(directory: Path, hint: str = "") -> None:
         size = _regular_file(file, hint).st_size
         if size != entry["bytes"]:
             raise CheckpointError(f"{file} is {size} bytes, its manifest says {entry['bytes']}: the file is truncated or corrupted{hint}")
-        with open(file, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as handle:
-            digest = hashlib.sha256()
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != entry["sha256"]:
+        if sha256(file, follow_symlinks=False) != entry["sha256"]:
             raise CheckpointError(f"{file} fails its SHA-256 check: the file is corrupted{hint}")
