@@ -84,6 +84,20 @@ def output_file(
     """A file to write into that becomes ``path`` when the block ends without an error (text, or
     bytes with ``binary``); until then ``path`` is untouched and no other name exists."""
     path = check_output(path, force=force, inputs=inputs, reads=reads)
+    with _replacing(path, binary=binary) as handle:
+        yield handle
+
+
+def replace_whole(path: str | Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole, or is as it was: ``output_file``'s way of writing, without its
+    checks, for a file qkv itself owns and rewrites (a run's tokenizer, a distillation's settings)."""
+    with _replacing(Path(path), binary=True) as handle:
+        handle.write(data)
+
+
+@contextmanager
+def _replacing(path: Path, *, binary: bool) -> Iterator[IO]:
+    """A new unnamed file beside ``path`` that is renamed onto it when the block ends without an error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, named = _open_unnamed(path.parent)
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -29,7 +28,7 @@ from qkv.errors import QkvError
 from qkv.infer.bleu import score
 from qkv.infer.translator import Translator
 from qkv.io.checkpoint import sha256
-from qkv.io.outputs import current_umask
+from qkv.io.outputs import replace_whole
 
 MARKER, REPORT = "qkv-distill.json", "report.json"
 PARTS, STUDENT, TRAINED = "distilled", "student", "student.json"
@@ -108,21 +107,8 @@ def open_directory(out: Path, settings: dict[str, Any]) -> bool:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or is as it was: a new temporary file beside it (never one that
-    is there already, nor through a symlink), renamed into place, or removed if anything fails."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; a normal file gets the usual mode
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``path`` holds ``text`` whole, or is as it was (``qkv.io.outputs.replace_whole``)."""
+    replace_whole(path, text.encode("utf-8"))
 
 
 def translate_sources(

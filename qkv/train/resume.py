@@ -4,13 +4,12 @@ continues (``qkv.train.trainer.Trainer.resume`` restores the weights, optimizer,
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 from qkv.io import checkpoint
+from qkv.io.outputs import replace_whole
 from qkv.model.config import ConfigError, config_from_dict
 from qkv.train.recipes import TrainConfig
 
@@ -50,15 +49,8 @@ def resumed_train_config(saved: TrainConfig, overrides: dict[str, Any], *, warn:
 
 def restore_tokenizer(run_dir: Path, last: Path) -> None:
     """Put ``last/``'s verified copy of the tokenizer back as ``run_dir/tokenizer.model`` if that file is
-    missing or differs (the run's own copy is in no manifest), written aside and renamed into place."""
+    missing or differs (the run's own copy is in no manifest), whole or not at all."""
     tokenizer_path, saved_tokenizer = run_dir / checkpoint.TOKENIZER, (last / checkpoint.TOKENIZER).read_bytes()
     if tokenizer_path.is_file() and tokenizer_path.read_bytes() == saved_tokenizer:
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{tokenizer_path.name}.", suffix=".tmp", dir=tokenizer_path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(saved_tokenizer)
-        os.replace(tmp, tokenizer_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_whole(tokenizer_path, saved_tokenizer)

@@ -1,6 +1,7 @@
 """The bfloat16 choice a run makes from its settings (``qkv.train.precision``) and the files a resume puts
 back (``qkv.train.resume``), without a training run."""
 
+import os
 import warnings
 
 import pytest
@@ -68,6 +69,9 @@ def test_resume_puts_back_a_missing_or_changed_tokenizer_and_leaves_the_same_one
     run_copy = tmp_path / "tokenizer.model"
     restore_tokenizer(tmp_path, last)
     assert run_copy.read_bytes() == b"saved vocabulary"
+    mask = os.umask(0)
+    os.umask(mask)
+    assert run_copy.stat().st_mode & 0o777 == 0o666 & ~mask  # a usual file, as train first wrote it, not 0600
     run_copy.write_bytes(b"edited since")
     restore_tokenizer(tmp_path, last)
     assert run_copy.read_bytes() == b"saved vocabulary"
