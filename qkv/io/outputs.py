@@ -7,8 +7,9 @@ checkpoint or run the command reads, is always refused (``check_output``); and t
 to an unnamed temporary file in the same directory (Linux's ``O_TMPFILE``; elsewhere a hidden
 ``.NAME.*.tmp``) that is given the target's name only once it is complete. So a crash, a kill or a
 full disk leaves the previous file as it was and no temporary file behind, and a symlink at the
-target is replaced, never followed. Commands that write a checkpoint directory (``average``,
-``import``) check it with ``check_checkpoint_out``.
+target is replaced, never followed. Files qkv owns and rewrites (a resumed run's tokenizer, a
+distillation's parts) are written the same way by ``replace_whole``. Commands that write a
+checkpoint directory (``average``, ``import``) check it with ``check_checkpoint_out``.
 """
 
 from __future__ import annotations
