@@ -49,7 +49,7 @@ from qkv.train.precision import Precision
 from qkv.train.resume import resumed_train_config, restore_tokenizer, saved_train_config
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
 from qkv.io.runs import clear_run, mark_run
-from qkv.train.stopping import Abandoned, StopRequested, StopSignals
+from qkv.train.stopping import StopRequested, StopSignals
 from qkv.train.vocabulary import run_tokenizer
 from qkv.data.marian_tokenizer import MarianTokenizer
 from qkv.data.tokenizer import Tokenizer, load_tokenizer
