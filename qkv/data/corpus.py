@@ -202,6 +202,9 @@ def download_multi30k(
             url = MULTI30K_URL.format(split=split, lang=lang)
             fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{target.name}.", suffix=".part")
             try:
+                umask = os.umask(0o022)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; a cached file gets the usual mode
                 with os.fdopen(fd, "wb") as tmp, urllib.request.urlopen(url, timeout=60) as response:
                     tmp.write(response.read())
                 gzip.decompress(Path(tmp_name).read_bytes())  # check that it is whole before keeping it
