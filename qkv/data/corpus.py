@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import gzip
 import os
-import tempfile
 import urllib.error
 import urllib.request
 import zlib
@@ -200,14 +199,12 @@ def download_multi30k(
             if target.exists():
                 continue
             url = MULTI30K_URL.format(split=split, lang=lang)
-            fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{target.name}.", suffix=".part")
+            tmp_name = cache / f".{target.name}.{os.urandom(6).hex()}.part"
+            fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
             try:
-                umask = os.umask(0o022)
-                os.umask(umask)
-                os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it 0600; a cached file gets the usual mode
                 with os.fdopen(fd, "wb") as tmp, urllib.request.urlopen(url, timeout=60) as response:
                     tmp.write(response.read())
-                gzip.decompress(Path(tmp_name).read_bytes())  # check that it is whole before keeping it
+                gzip.decompress(tmp_name.read_bytes())  # check that it is whole before keeping it
                 os.replace(tmp_name, target)
             except (urllib.error.URLError, OSError, EOFError, zlib.error) as e:
                 raise DataError(
@@ -215,7 +212,7 @@ def download_multi30k(
                     f"files ({{split}}.{{lang}}.gz) elsewhere and pass --data-dir DIR or set {DATA_ENV_VAR}=DIR"
                 ) from e
             finally:
-                Path(tmp_name).unlink(missing_ok=True)
+                tmp_name.unlink(missing_ok=True)
 
 
 def load_multi30k(split: str, src_lang: str, tgt_lang: str, data_dir: str | Path | None = None) -> ParallelCorpus:

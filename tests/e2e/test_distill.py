@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from qkv.cli.main import main
 from qkv.io import checkpoint
+from qkv.io.outputs import current_umask
 from qkv.data.tasks import date_pairs
 from qkv.train import distill
 from qkv.train.recipes import build_configs
@@ -104,9 +105,7 @@ def test_the_report_puts_teacher_and_student_side_by_side(teacher, distilled):
     student = report["models"]["student"]
     assert f"| {student['test']['bleu']:.2f} | {student['test']['bleu_lc']:.2f} | {student['test']['chrf']:.2f} |" in markdown
     assert not [p for p in distilled.rglob("*") if p.name.endswith(".tmp")]  # no temporary file left
-    mask = os.umask(0)
-    os.umask(mask)
-    assert (distilled / "distilled" / "train.tgt").stat().st_mode & 0o777 == 0o666 & ~mask  # a usual file, not mkstemp's 0600
+    assert (distilled / "distilled" / "train.tgt").stat().st_mode & 0o777 == 0o666 & ~current_umask()  # a usual file, not mkstemp's 0600
 
 
 def test_min_score_drops_low_scored_pairs_and_mix_original_appends_the_originals(dates, teacher, distilled, tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
 import urllib.error
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from qkv.data.corpus import (
     read_tsv,
     token_batches,
 )
+from qkv.io.outputs import current_umask
 
 
 def write(path: Path, content: str | bytes) -> Path:
@@ -229,9 +229,7 @@ def test_download_fetches_only_missing_files_atomically(monkeypatch, tmp_path):
     assert corpus.src == ["sentence in en"] and corpus.tgt == ["sentence in de"]
     assert sorted(requested) == ["val.de.gz", "val.en.gz"]
     assert sorted(p.name for p in cache.iterdir()) == ["val.de.gz", "val.en.gz"]
-    umask = os.umask(0o022)
-    os.umask(umask)
-    assert {p.stat().st_mode & 0o777 for p in cache.iterdir()} == {0o666 & ~umask}  # not mkstemp's 0600
+    assert {p.stat().st_mode & 0o777 for p in cache.iterdir()} == {0o666 & ~current_umask()}  # not mkstemp's 0600
     load_multi30k("val", "de", "en")  # cached: no new requests
     assert len(requested) == 2
 

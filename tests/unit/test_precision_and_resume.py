@@ -1,12 +1,12 @@
 """The bfloat16 choice a run makes from its settings (``qkv.train.precision``) and the files a resume puts
 back (``qkv.train.resume``), without a training run."""
 
-import os
 import warnings
 
 import pytest
 import torch
 
+from qkv.io.outputs import current_umask
 from qkv.model import cpu
 from qkv.model.config import ConfigError
 from qkv.train.precision import Precision
@@ -69,9 +69,7 @@ def test_resume_puts_back_a_missing_or_changed_tokenizer_and_leaves_the_same_one
     run_copy = tmp_path / "tokenizer.model"
     restore_tokenizer(tmp_path, last)
     assert run_copy.read_bytes() == b"saved vocabulary"
-    mask = os.umask(0)
-    os.umask(mask)
-    assert run_copy.stat().st_mode & 0o777 == 0o666 & ~mask  # a usual file, as train first wrote it, not 0600
+    assert run_copy.stat().st_mode & 0o777 == 0o666 & ~current_umask()  # a usual file, as train first wrote it, not 0600
     run_copy.write_bytes(b"edited since")
     restore_tokenizer(tmp_path, last)
     assert run_copy.read_bytes() == b"saved vocabulary"
