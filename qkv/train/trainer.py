@@ -32,9 +32,9 @@ from qkv.model import cpu
 from qkv.train import distributed
 from qkv.model import kernels
 from qkv.train import validation
-from qkv.model.config import ModelConfig, config_from_dict
+from qkv.model.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data.corpus import Batches, EncodedCorpus, collate, encode_corpus, token_batches
-from qkv.io.prepared import MappedSide, load_prepared
+from qkv.io.prepared import MappedSide, Prepared, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
 from qkv.train.loss import label_smoothed_loss, projected_label_smoothed_loss, rdrop_loss
@@ -109,6 +109,7 @@ class Trainer:
                                                  prepared=prepared, start_over=start_over, main=main)
         writer = open_tensorboard(tensorboard) if tensorboard and main else None
         model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
+        ids = None if tokenizer is None else self._pair_ids(prepared, tokenizer, model.config)
         self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
         if main:
             mark_run(self.run_dir)
@@ -119,8 +120,10 @@ class Trainer:
         if tokenizer is None:
             tokenizer = load_tokenizer(tokenizer_path)
             model = self._new_model(model_config, tokenizer, train.seed)
+            ids = self._pair_ids(prepared, tokenizer, model.config)
         self.tokenizer, self.model = tokenizer, model
         self.model_config = model.config
+        self.max_len, self.train_ids, self.valid_ids = ids
         self.init_from = None if init_from is None else str(init_from.path)
         self.inherited = {key: init_from.config[key] for key in INHERITED_CONFIGS if key in init_from.config} if init_from else {}
         if init_from is not None:  # strict: every weight, every shape (a one-line error otherwise)
@@ -147,11 +150,7 @@ class Trainer:
             self.model.parameters(), lr=train.lr, betas=(train.beta1, train.beta2), eps=train.eps,
             weight_decay=train.weight_decay, **adam_kernel(train.adam)
         )
-        self.max_len = max_len = min(data.max_len, self.model_config.max_len - 1)
-        # The pairs' ids: mapped from a prepared corpus, else encoded here (with subword_dropout: epoch_ids).
-        self.train_ids = prepared.train_ids(max_len, data.train_limit) if prepared else encode_corpus(tokenizer, self.train_data, max_len)
         self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
-        self.valid_ids = encode_corpus(tokenizer, self.valid_data, max_len)
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best_bleu, self.bad_evals = -1.0, 0
@@ -159,11 +158,32 @@ class Trainer:
         self.saved_step: int | None = None  # the step last/ holds, when this process wrote it
         self.stop = StopSignals()  # handles signals only while run() is inside it
 
+    def _pair_ids(
+        self, prepared: Prepared | None, tokenizer: Tokenizer | MarianTokenizer, config: ModelConfig
+    ) -> tuple[int, EncodedCorpus, EncodedCorpus]:
+        """The longest side kept (a target position also holds BOS or EOS, so one less than the model's
+        ``max_len``) and the training and validation pairs' ids: mapped from a prepared corpus, else
+        encoded here (with subword_dropout, ``epoch_ids`` draws each epoch's anew)."""
+        max_len = min(self.data_cfg.max_len, config.max_len - 1)
+        if max_len < 1:
+            raise ConfigError(f"--model max_len={config.max_len} leaves no room for a sentence: it must be at least 2")
+        train_ids = (prepared.train_ids(max_len, self.data_cfg.train_limit) if prepared
+                     else encode_corpus(tokenizer, self.train_data, max_len))
+        return max_len, train_ids, encode_corpus(tokenizer, self.valid_data, max_len)
+
     def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int) -> Transformer:
         """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device."""
         config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
         torch.manual_seed(seed)
-        return Transformer(config).to(self.device)
+        try:
+            return Transformer(config).to(self.device)
+        except RuntimeError as error:  # torch.OutOfMemoryError is one too
+            if "allocate" not in str(error) and "out of memory" not in str(error):
+                raise
+        with torch.device("meta"):  # shapes without memory, for the message
+            n = Transformer(config).num_parameters()
+        raise ConfigError(f"the model's {n:,} parameters ({4 * n / 2**30:,.1f} GiB in float32) cannot be allocated on "
+                          f"{self.device}: choose a smaller --model d_model, d_ff or number of layers")
 
     @classmethod
     def resume(
@@ -237,13 +257,7 @@ class Trainer:
                 trainer_tensors=self.ema.state_dict() if resumable and self.ema is not None else None,
             )
         except OSError as error:  # a full disk, most often: the checkpoints already there are whole
-            message = (
-                f"cannot write checkpoint {directory} ({error.strerror or error}); the run's earlier checkpoints "
-                f"are as they were: make room, then continue with qkv train --resume {self.run_dir}"
-            )
-            failure = OSError(message)
-            failure.errno = error.errno
-            raise failure from None
+            raise validation.save_failure(directory, self.run_dir, error) from None
         if directory.name == "last":
             self.saved_step = self.step
 

@@ -109,6 +109,17 @@ def validate_and_save(trainer: Run, rank_rng: list[dict[str, str]] | None = None
     return bool(trainer.train_cfg.patience) and trainer.bad_evals >= trainer.train_cfg.patience
 
 
+def save_failure(directory: Path, run_dir: Path, error: OSError) -> OSError:
+    """A checkpoint that could not be written (a full disk, most often) as a one-line error that says
+    what the user still has and how to go on: a save replaces nothing until it is whole."""
+    failure = OSError(
+        f"cannot write checkpoint {directory} ({error.strerror or error}); the run's earlier checkpoints "
+        f"are as they were: make room, then continue with qkv train --resume {run_dir}"
+    )
+    failure.errno = error.errno
+    return failure
+
+
 def write_final(trainer: Run) -> dict[str, Any]:
     """Write final/: of the averages of the newest k step checkpoints, k = average_last down to 1
     (the newest alone), and the EMA of the weights when the run keeps one (``ema``), the one with
@@ -161,6 +172,8 @@ def write_final(trainer: Run) -> dict[str, Any]:
         with stop.abandonable():
             decode = tune_length_penalty(trainer) if trainer.train_cfg.tune_length_penalty else {}
         checkpoint.save(run_dir / "final", model, trainer.tokenizer, configs={**trainer.configs(), "decode": decode})
+    except OSError as error:  # last/ holds the final step: --resume writes final/ again, training nothing
+        raise save_failure(run_dir / "final", run_dir, error) from None
     except Abandoned:
         raise StopRequested(stop.signum or signal.SIGINT) from None
     finally:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MULTI30K
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -348,6 +347,33 @@ def test_a_full_disk_during_a_save_is_one_line_keeps_the_checkpoints_and_resume_
     assert records[-1]["event"] == "final" and json.loads((run / "last" / "trainer.json").read_text())["step"] == 20
 
 
+def test_a_full_disk_while_final_is_written_is_one_line_and_resume_writes_it_without_training(monkeypatch, tmp_path, dates_tsv, capsys):
+    run = tmp_path / "run"
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # the disk is full once the run's last checkpoint is saved and final/ is written
+        if "/final.tmp/" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    args = ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--no-progress", "--max-steps", "6",
+            "--train", "eval_every=3", "threads=1", "--out", str(run)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[-1].startswith(f"qkv train: error: cannot write checkpoint {run / 'final'} (No space left on device)")
+    assert f"continue with qkv train --resume {run}" in err[-1]
+    assert not (run / "final").exists() and not (run / "final.tmp").exists()
+    assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 6
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    resumed_at = max(i for i, r in enumerate(records) if r["event"] == "start")
+    assert records[resumed_at]["step"] == 6  # nothing trained: final/ chosen and written again
+    assert [r["event"] for r in records[resumed_at + 1:]] == ["length_penalty", "final"]
+    checkpoint.verify(run / "final")
+
+
 def test_the_run_log_drops_a_torn_last_line_but_not_a_corrupted_one(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_text('{"event": "start", "step": 0}\n{"event": "train", "st', encoding="utf-8")
@@ -472,6 +498,7 @@ def test_a_directory_holding_a_users_own_tokenizer_is_not_a_run(small_run, tmp_p
     ["--data", "vocab_size=16"],  # the tokenizer cannot be trained
     ["--tensorboard", "FILE"],  # the writer cannot be made
     ["--model", "d_ff=1099511627776"],  # the model cannot be allocated (128 TiB)
+    ["--model", "max_len=1"],  # the pairs cannot be encoded (no room for a token)
 ])
 def test_overwrite_deletes_nothing_when_a_later_step_fails(small_run, tmp_path, dates_tsv, mistake):
     pytest.importorskip("tensorboard")
@@ -481,7 +508,7 @@ def test_overwrite_deletes_nothing_when_a_later_step_fails(small_run, tmp_path, 
     a_file.write_text("not a directory\n")
     before = snapshot(run)
     result = qkv(*train_args(dates_tsv, run, "--overwrite"), *[str(a_file) if m == "FILE" else m for m in mistake])
-    assert result.returncode != 0
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert snapshot(run) == before  # the old run is whole: the user has it still
 
 
