@@ -72,3 +72,35 @@ def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_ch
         time.sleep(0.05)
     assert _group(process.pid) == []
     assert sorted(os.listdir(work)) == before  # no output, no temporary file
+
+
+def test_workers_end_when_the_command_is_killed_and_leave_no_file(random_checkpoint, tmp_path):
+    """SIGKILL reaches the command alone (kill -9 PID, the OOM killer): no handler runs in it, and its
+    workers, which watch their parent, end on their own."""
+    work = tmp_path / "work"
+    work.mkdir()
+    src = work / "in.txt"
+    src.write_text("\n".join(RANDOM_MODEL_SENTENCES * 200) + "\n")
+    before = sorted(os.listdir(work))
+    args = ["translate", "--checkpoint", str(random_checkpoint), "--beam", "4", "--batch-tokens", "100",
+            "--workers", "2", "-i", str(src), "-o", str(work / "out.txt")]  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_group(process.pid)) < 3:  # the command and its two workers
+            assert process.poll() is None, "the command ended before its workers started"
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # searching now
+        assert process.poll() is None, "the input must keep the command busy for this test to mean anything"
+        os.kill(process.pid, signal.SIGKILL)  # the command only, not its group
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 5  # the workers look for their parent twice a second
+        while _group(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _group(process.pid) == []
+    finally:
+        if _group(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+    assert sorted(os.listdir(work)) == before  # no output, no temporary file
