@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 from qkv.errors import QkvError
 from qkv.serve.batcher import Settings
 
-MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.main.MAX_BEAM (64)
+MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.common.MAX_BEAM (64)
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}  # options that only sampling reads
 
 
