@@ -161,8 +161,8 @@ class Trainer:
     def _pair_ids(
         self, prepared: Prepared | None, tokenizer: Tokenizer | MarianTokenizer, config: ModelConfig
     ) -> tuple[int, EncodedCorpus, EncodedCorpus]:
-        """The longest side kept (a target position also holds BOS or EOS, so one less than the model's
-        ``max_len``) and the training and validation pairs' ids: mapped from a prepared corpus, else
+        """The longest side kept (one less than the model's ``max_len``: each side gains an EOS, the
+        decoder's input a BOS) and the training and validation pairs' ids: mapped from a prepared corpus, else
         encoded here (with subword_dropout, ``epoch_ids`` draws each epoch's anew)."""
         max_len = min(self.data_cfg.max_len, config.max_len - 1)
         if max_len < 1:

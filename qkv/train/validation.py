@@ -171,9 +171,10 @@ def write_final(trainer: Run) -> dict[str, Any]:
         model.load_state_dict(state if state is not None else checkpoint.load(dirs[-1]).model.state_dict(), strict=False)
         with stop.abandonable():
             decode = tune_length_penalty(trainer) if trainer.train_cfg.tune_length_penalty else {}
-        checkpoint.save(run_dir / "final", model, trainer.tokenizer, configs={**trainer.configs(), "decode": decode})
-    except OSError as error:  # last/ holds the final step: --resume writes final/ again, training nothing
-        raise save_failure(run_dir / "final", run_dir, error) from None
+        try:
+            checkpoint.save(run_dir / "final", model, trainer.tokenizer, configs={**trainer.configs(), "decode": decode})
+        except OSError as error:  # last/ holds the final step: --resume writes final/ again, training nothing
+            raise save_failure(run_dir / "final", run_dir, error) from None
     except Abandoned:
         raise StopRequested(stop.signum or signal.SIGINT) from None
     finally:
