@@ -61,6 +61,12 @@ def dates_tsv(tmp_path_factory) -> Path:
     return path
 
 
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` (relative path -> bytes): what a test compares before and after a
+    command that must leave the directory as it was."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 RANDOM_MODEL_SENTENCES = ["A dog runs across the green field.", "Ein Hund rennt über die grüne Wiese.",
                           "Two children play with a red ball.", "Zwei Kinder spielen mit einem roten Ball."] * 8
 

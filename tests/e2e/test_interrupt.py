@@ -36,13 +36,30 @@ def _group(pgid: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("command", ["translate", "evaluate"])
-def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_checkpoint, tmp_path, command):
+def _busy_input(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A work directory, an input in it that keeps the random model searching for minutes, and the
+    directory's listing before any command ran."""
     work = tmp_path / "work"
     work.mkdir()
     src = work / "in.txt"
-    src.write_text("\n".join(RANDOM_MODEL_SENTENCES * 200) + "\n")  # minutes of work for the random model
-    before = sorted(os.listdir(work))
+    src.write_text("\n".join(RANDOM_MODEL_SENTENCES * 200) + "\n")
+    return work, src, sorted(os.listdir(work))
+
+
+def _wait_until_searching(process: subprocess.Popen) -> None:
+    """Until the command and its two workers run, then a second more: searching by then."""
+    deadline = time.monotonic() + 120
+    while len(_group(process.pid)) < 3:
+        assert process.poll() is None, process.communicate() if process.stderr else "the command ended first"
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert process.poll() is None, "the input must keep the command busy for this test to mean anything"
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_checkpoint, tmp_path, command):
+    work, src, before = _busy_input(tmp_path)
     common = ["--checkpoint", str(random_checkpoint), "--beam", "4", "--batch-tokens", "100", "--workers", "2"]
     args = (["translate", *common, "-i", str(src), "-o", str(work / "out.txt")] if command == "translate" else
             ["evaluate", *common, "--src-file", str(src), "--ref-file", str(src), "--save", str(work / "out.txt")])
@@ -51,13 +68,7 @@ def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_ch
                                # SIGINT as in a terminal, even when the suite runs as a background job (which ignores it)
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 120
-        while len(_group(process.pid)) < 3:  # the command and its two workers
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.05)
-        time.sleep(1.0)  # searching now
-        assert process.poll() is None, "the input must keep the command busy for this test to mean anything"
+        _wait_until_searching(process)
         os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         out, err = process.communicate(timeout=60)
     finally:
@@ -77,23 +88,13 @@ def test_ctrl_c_with_workers_prints_one_line_and_leaves_nothing_behind(random_ch
 def test_workers_end_when_the_command_is_killed_and_leave_no_file(random_checkpoint, tmp_path):
     """SIGKILL reaches the command alone (kill -9 PID, the OOM killer): no handler runs in it, and its
     workers, which watch their parent, end on their own."""
-    work = tmp_path / "work"
-    work.mkdir()
-    src = work / "in.txt"
-    src.write_text("\n".join(RANDOM_MODEL_SENTENCES * 200) + "\n")
-    before = sorted(os.listdir(work))
+    work, src, before = _busy_input(tmp_path)
     args = ["translate", "--checkpoint", str(random_checkpoint), "--beam", "4", "--batch-tokens", "100",
             "--workers", "2", "-i", str(src), "-o", str(work / "out.txt")]  # fmt: skip
     process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while len(_group(process.pid)) < 3:  # the command and its two workers
-            assert process.poll() is None, "the command ended before its workers started"
-            assert time.monotonic() < deadline, "the workers never started"
-            time.sleep(0.05)
-        time.sleep(1.0)  # searching now
-        assert process.poll() is None, "the input must keep the command busy for this test to mean anything"
+        _wait_until_searching(process)
         os.kill(process.pid, signal.SIGKILL)  # the command only, not its group
         process.wait(timeout=10)
         deadline = time.monotonic() + 5  # the workers look for their parent twice a second

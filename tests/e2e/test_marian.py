@@ -25,7 +25,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-from conftest import require_multi30k  # noqa: E402
+from conftest import require_multi30k, snapshot  # noqa: E402
 
 from qkv.model import attention
 from qkv.io import checkpoint
@@ -392,9 +392,6 @@ def test_a_directory_that_is_not_a_marian_model_is_refused(marian_dir, tmp_path,
     refused(in_process(capsys, "import", "marian", hf_dir, "--out", tmp_path / "ckpt"), "import", message)
     assert not (tmp_path / "ckpt").exists()
 
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_import_and_export_never_write_over_a_users_files(marian_dir, imported, tmp_path, capsys):

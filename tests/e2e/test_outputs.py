@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import snapshot
 
 from qkv.io import checkpoint, manifest
 
@@ -33,9 +34,6 @@ def refused(result: subprocess.CompletedProcess, command: str, message: str) -> 
 def ckpt(random_checkpoint) -> Path:
     return random_checkpoint
 
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def test_average_never_replaces_a_users_directory(ckpt, tmp_path):

@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -319,23 +321,31 @@ def test_a_signal_while_final_is_chosen_leaves_last_and_resume_writes_final_with
 # ---- a full disk -----------------------------------------------------------------------------------
 
 
-def test_a_full_disk_during_a_save_is_one_line_keeps_the_checkpoints_and_resume_works(monkeypatch, tmp_path, dates_tsv, capsys):
-    run = tmp_path / "run"
+def fill_disk(monkeypatch, full: Callable[[str], bool]) -> Callable[[], None]:
+    """Make ``os.fsync`` fail as a full disk does (ENOSPC) for every file whose path ``full`` accepts;
+    returns what makes room again."""
     real_fsync = os.fsync
 
-    def fsync(fd: int) -> None:  # the disk is full when last/ is written for the second time (step 10)
-        if "/last.tmp/" in os.readlink(f"/proc/self/fd/{fd}") and (run / "last").exists():
+    def fsync(fd: int) -> None:
+        if full(os.readlink(f"/proc/self/fd/{fd}")):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    return lambda: monkeypatch.setattr(os, "fsync", real_fsync)
+
+
+def test_a_full_disk_during_a_save_is_one_line_keeps_the_checkpoints_and_resume_works(monkeypatch, tmp_path, dates_tsv, capsys):
+    run = tmp_path / "run"
+    # the disk is full when last/ is written for the second time (step 10)
+    make_room = fill_disk(monkeypatch, lambda path: "/last.tmp/" in path and (run / "last").exists())
     args = ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--no-progress", "--max-steps", "20",
             "--train", "eval_every=5", "threads=1"]  # fmt: skip
     assert main([*args, "--out", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[-1].startswith(f"qkv train: error: cannot write checkpoint {run / 'last'} (No space left on device)")
     assert f"continue with qkv train --resume {run}" in err[-1]
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    make_room()
     assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 5  # the earlier last/, whole
     checkpoint.verify(run / "last")
     # the log's last line was torn by the full disk: resume drops it and goes on
@@ -349,14 +359,7 @@ def test_a_full_disk_during_a_save_is_one_line_keeps_the_checkpoints_and_resume_
 
 def test_a_full_disk_while_final_is_written_is_one_line_and_resume_writes_it_without_training(monkeypatch, tmp_path, dates_tsv, capsys):
     run = tmp_path / "run"
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:  # the disk is full once the run's last checkpoint is saved and final/ is written
-        if "/final.tmp/" in os.readlink(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    make_room = fill_disk(monkeypatch, lambda path: "/final.tmp/" in path)  # full once last/ holds the final step
     args = ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--no-progress", "--max-steps", "6",
             "--train", "eval_every=3", "threads=1", "--out", str(run)]  # fmt: skip
     assert main(args) == 2
@@ -365,7 +368,7 @@ def test_a_full_disk_while_final_is_written_is_one_line_and_resume_writes_it_wit
     assert f"continue with qkv train --resume {run}" in err[-1]
     assert not (run / "final").exists() and not (run / "final.tmp").exists()
     assert json.loads((run / "last" / "trainer.json").read_text())["step"] == 6
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    make_room()
     assert main(["train", "--resume", str(run), "--no-progress"]) == 0
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     resumed_at = max(i for i, r in enumerate(records) if r["event"] == "start")
@@ -403,10 +406,6 @@ def test_a_log_write_that_fails_keeps_no_record_of_it(monkeypatch, tmp_path):
 
 # ---- --out over an existing run -------------------------------------------------------------------
 
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file under ``directory`` (relative path -> bytes)."""
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def train_args(dates_tsv: Path, out: Path, *extra: str) -> list[str]:

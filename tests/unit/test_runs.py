@@ -4,13 +4,10 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import snapshot
 
 from qkv.io import checkpoint, runs
 
-
-def snapshot(directory: Path) -> dict[str, bytes]:
-    """Every file under ``directory`` (relative path -> bytes)."""
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def checkpoint_dir(path: Path, *, marked: bool) -> Path:
