@@ -1,22 +1,18 @@
-"""Decoding workers: batches searched side by side in processes of one thread each.
+"""Worker processes of one thread each, forked from the process that holds what they need: the
+decoding workers of ``translate``/``evaluate --workers`` (``qkv.infer.workers``) and the encoding
+workers of ``qkv prepare --workers``.
 
-On two cores, two processes of one thread each, every one searching whole batches (CTranslate2's
-``inter_threads`` layout), decoded the preset's model greedily 1.13x to 1.18x faster than one
-process of two threads and int8 beam 5 1.09x to 1.12x; at fp32 beam 5 the faster layout changed
-from one benchmark run to the next (docs/benchmarks.md, (c)). One thread each also makes a worker's sums round exactly as those
-of one process running one thread, so the translations do not depend on the layout. The workers are
-forked from the process that holds the model, so they share its weights copy-on-write and load
-nothing; a batch travels to a worker as lists of token ids and comes back as hypotheses.
-
-Forking a process that has already run PyTorch is safe here because a worker never uses the parent's
-thread pool: it sets its own thread count before its first operation (as PyTorch's DataLoader workers
-do). The workers live as long as the ``DecodingWorkers`` (a ``Translator`` closes them with itself),
-and end on their own within a second when the process that made them is killed.
+The workers are forked, so they share the parent's objects (a model's weights, a tokenizer)
+copy-on-write and load nothing; an item travels to a worker pickled (lists of ids, sentences) and its
+result comes back the same way. Each sets one PyTorch thread before its first operation (as PyTorch's
+DataLoader workers do), so a worker never uses the parent's thread pool, and its sums round exactly as
+those of one process running one thread. The workers live as long as the ``Workers`` and end on their
+own within a second when the process that made them is killed.
 
 Ctrl-C reaches every process of the terminal's process group, the workers too. They ignore SIGINT
 (they are forked with it blocked and ignore it before anything else), so only the parent sees it:
-its ``KeyboardInterrupt`` ends the search, and ``close()`` then ends workers still searching a batch
-at once instead of waiting for it. One message, from the parent; no traceback from each worker.
+its ``KeyboardInterrupt`` ends the work, and ``close()`` then ends workers still busy at once instead
+of waiting for them. One message, from the parent; no traceback from each worker.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -58,11 +55,14 @@ def _run(item: Any) -> Any:
     return _task(item)
 
 
+_END = object()
+
+
 def _nothing() -> None:
     return None
 
 
-class DecodingWorkers:
+class Workers:
     """``workers`` forked processes of one PyTorch thread each, each running ``task(item)`` for the
     items it is given.
 
@@ -72,9 +72,9 @@ class DecodingWorkers:
 
     def __init__(self, task: Callable[..., Any], workers: int) -> None:
         if workers < 2:
-            raise QkvError(f"decoding workers are for 2 or more processes, got {workers}")
+            raise QkvError(f"workers are for 2 or more processes, got {workers}")
         if "fork" not in multiprocessing.get_all_start_methods():
-            raise QkvError("decoding workers need the fork start method (Linux or macOS); use one worker")
+            raise QkvError("workers need the fork start method (Linux or macOS); use one worker")
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                          initializer=_start_worker, initargs=(task, os.getpid()))
         self._futures: list[Future] = []
@@ -89,10 +89,26 @@ class DecodingWorkers:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
-    def map(self, items: Iterable[Any]) -> Iterator[Any]:
-        """``task(item)`` for every item, in their order; each goes to the next free worker."""
-        self._futures = [self._pool.submit(_run, item) for item in items]
-        return (future.result() for future in self._futures)
+    def map(self, items: Iterable[Any], *, ahead: int | None = None) -> Iterator[Any]:
+        """``task(item)`` for every item, in their order; each goes to the next free worker.
+        ``ahead``: at most this many items handed out and not yet returned (a stream of any length in
+        bounded memory); None: all at once."""
+        if ahead is None:
+            self._futures = [self._pool.submit(_run, item) for item in items]
+            return (future.result() for future in self._futures)
+        return self._stream(iter(items), ahead)
+
+    def _stream(self, items: Iterator[Any], ahead: int) -> Iterator[Any]:
+        self._futures = []
+        pending: deque[Future] = deque()
+        while True:
+            while len(pending) < ahead and (item := next(items, _END)) is not _END:
+                pending.append(self._pool.submit(_run, item))
+                self._futures.append(pending[-1])
+            if not pending:
+                return
+            yield pending.popleft().result()
+            self._futures = list(pending)  # the finished ones are not kept
 
     def close(self) -> None:
         """End the workers. Those still searching (the caller stopped reading results: an interrupt,
