@@ -26,3 +26,7 @@ class NonFiniteLoss(QkvError, FloatingPointError):
 class CheckpointError(QkvError):
     """A checkpoint is missing, incomplete, corrupted or from an unknown format (``qkv.io.checkpoint``),
     or its weights do not fit its config (``qkv.io.weights``)."""
+
+
+class DataError(QkvError):
+    """A corpus cannot be read or used; the message names the file, line or setting at fault."""

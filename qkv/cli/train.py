@@ -195,7 +195,7 @@ def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | 
 
 def _prepare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-src", required=True, nargs="+", metavar="FILE",
-                   help="source side (plain, .gz or .xz), or a TSV with both sides; several files: several corpora, read as one")
+                   help="source side (plain, .gz, .xz or .bz2), or a TSV with both sides; several files: several corpora, read as one")
     p.add_argument("--train-tgt", nargs="+", metavar="FILE", help="target side, aligned line by line with --train-src (one per source file)")
     p.add_argument("--valid-src", help="validation source (default: hold out the last 5%% of the pairs, at most 1,000)")
     p.add_argument("--valid-tgt", help="validation target")

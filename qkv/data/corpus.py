@@ -2,9 +2,8 @@
 
 Dimension legend used in shape comments: B batch (sentences), S source length, T target length.
 
-Text files are read as bytes and split on ``\\n`` only. Python's text-mode line splitting also breaks
-on ``\\r``, U+0085 and U+2028, which occur inside real sentences and would silently misalign the two
-sides of a corpus.
+Text files are read by ``qkv.data.lines``, the one reader of every command: plain or compressed,
+split on ``\\n`` only, every line bounded and checked.
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from qkv.errors import QkvError
+from qkv.data.lines import lines, pairs, tsv_pairs
+from qkv.errors import DataError
 
 if TYPE_CHECKING:
     from qkv.data.tokenizer import Tokenizer
@@ -33,10 +33,6 @@ MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGUAGES = ("en", "de", "fr", "cs")
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{split}.{lang}.gz"
 DATA_ENV_VAR = "QKV_DATA"
-
-
-class DataError(QkvError):
-    """A corpus cannot be read or used; the message names the file, line or setting at fault."""
 
 
 @dataclass
@@ -62,31 +58,9 @@ class ParallelCorpus:
 # ---- reading files ---------------------------------------------------------------------------
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file (gzip-compressed if the name ends in ``.gz``), without line ends."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    lines = []
-    lineno = 0
-    try:
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(
-                        f"{path}: line {lineno} is not valid UTF-8 (byte {e.start + 1} of the line); "
-                        "re-encode the file as UTF-8"
-                    ) from e
-                lines.append(line.rstrip("\r\n"))
-    except FileNotFoundError as e:
-        raise DataError(f"{path} does not exist") from e
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: corrupt or truncated gzip file near line {lineno + 1} ({e})") from e
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e.strerror or e}") from e
-    if lines and lines[0].startswith("\ufeff"):
-        lines[0] = lines[0][1:]  # a byte-order mark (Windows editors) is not part of the first sentence
-    return lines
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file (plain or compressed, ``qkv.data.lines``), without line ends."""
+    return list(lines(path))
 
 
 def _pairs_to_corpus(pairs: list[tuple[str, str]], name: str, where: str) -> ParallelCorpus:
@@ -122,12 +96,8 @@ def read_parallel(
     with ``keep_empty`` (a test set: line N in must stay line N out) every line is kept as it is.
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise DataError(
-            f"line counts differ: {src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
-            "a parallel corpus needs one sentence per line on each side"
-        )
+    both = list(pairs(src_path, tgt_path))
+    src_lines, tgt_lines = [s for s, _ in both], [t for _, t in both]
     name = name or f"{src_path.name}|{tgt_path.name}"
     if keep_empty:
         if not src_lines:
@@ -142,18 +112,7 @@ def read_tsv(path: str | Path, *, name: str | None = None) -> ParallelCorpus:
     A blank line counts as an empty pair and is skipped; any other line needs exactly one tab.
     """
     path = Path(path)
-    pairs = []
-    for lineno, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            pairs.append(("", ""))
-            continue
-        if line.count("\t") != 1:
-            raise DataError(
-                f"{path}: line {lineno} has {line.count(chr(9))} tabs; expected exactly one (source<TAB>target)"
-            )
-        src, tgt = line.split("\t")
-        pairs.append((src, tgt))
-    return _pairs_to_corpus(pairs, name or path.name, str(path))
+    return _pairs_to_corpus(list(tsv_pairs(path)), name or path.name, str(path))
 
 
 # ---- Multi30k --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Prepared corpora: parallel text encoded once into memory-mapped arrays, for corpora of millions of pairs.
 
-``qkv prepare`` reads the text (plain, ``.gz`` or ``.xz``; two files or one TSV per corpus, one corpus
-or several) twice, streaming:
+``qkv prepare`` reads the text (plain, ``.gz``, ``.xz`` or ``.bz2``; two files or one TSV per corpus,
+one corpus or several; ``qkv.data.lines``) twice, streaming:
 first to draw a seeded sample of sentences and train the tokenizer on it, then to encode every pair
 in worker processes. A pair is kept unless a filter drops it (each counted, each switchable). The
 directory it writes holds
@@ -23,13 +23,11 @@ Dimension legend: N pairs kept, L tokens of one side of one pair.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import itertools
 import json
-import lzma
-import multiprocessing
 import os
+import contextlib
 import random
 import shutil
 import tempfile
@@ -38,12 +36,14 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from qkv.data import lines
 from qkv.data.corpus import MAX_HELD_OUT, DataError, EncodedCorpus, ParallelCorpus, held_out, read_parallel, read_tsv
 from qkv.data.tokenizer import Tokenizer
+from qkv.data.workers import Workers
 from qkv.io.checkpoint import sha256
 
 FORMAT_VERSION = 1
@@ -73,34 +73,11 @@ class Counts:
 # ---- reading ---------------------------------------------------------------------------------
 
 
-def _open_text(path: Path) -> IO[str]:
-    opener = gzip.open if path.suffix == ".gz" else lzma.open if path.suffix == ".xz" else open
-    return opener(path, "rt", encoding="utf-8", errors="strict", newline="\n")
-
-
 def read_pairs(src: str | Path, tgt: str | Path | None) -> Iterator[tuple[str, str]]:
-    """(source, target) line pairs of two aligned files, or of one TSV when ``tgt`` is None, streamed."""
-    src = Path(src)
-    try:
-        if tgt is None:
-            with _open_text(src) as handle:
-                for number, line in enumerate(handle, 1):
-                    parts = line.rstrip("\n").split("\t")
-                    if len(parts) != 2:
-                        raise DataError(f"{src} line {number}: expected source<TAB>target, got {len(parts)} field(s)")
-                    yield parts[0], parts[1]
-            return
-        tgt = Path(tgt)
-        with _open_text(src) as a, _open_text(tgt) as b:
-            number = 0
-            for number, (s, t) in enumerate(zip(a, b), 1):
-                yield s.rstrip("\n"), t.rstrip("\n")
-            if next(a, None) is not None or next(b, None) is not None:
-                raise DataError(f"{src} and {tgt} have different numbers of lines (they differ after line {number})")
-    except UnicodeDecodeError as error:
-        raise DataError(f"{src if tgt is None else f'{src} or {tgt}'} is not valid UTF-8 ({error.reason})") from None
-    except FileNotFoundError as error:
-        raise DataError(f"{error.filename} does not exist") from None
+    """(source, target) line pairs of two aligned files, or of one TSV when ``tgt`` is None, streamed by
+    the reader ``qkv train`` uses too (``qkv.data.lines``): a blank TSV line is an empty pair, files of
+    different lengths an error before the pair one lacks."""
+    return lines.pairs(src, tgt) if tgt is not None else lines.tsv_pairs(src)
 
 
 def read_corpora(srcs: Sequence[Path], tgts: Sequence[Path] | None) -> Iterator[tuple[str, str]]:
@@ -139,53 +116,52 @@ def _sample(pairs: Iterator[tuple[str, str]], k: int, seed: int, *, hold_out: bo
 
 # ---- encoding in worker processes --------------------------------------------------------------
 
-_worker_tokenizer: Tokenizer | None = None
+@dataclass(frozen=True)
+class _Encoder:
+    """Encodes a chunk of pairs and applies the filters that need no memory of other chunks; the
+    encoding workers get it by the fork (``qkv.data.workers``), the tokenizer with it."""
 
+    tokenizer: Tokenizer
+    max_len: int
+    filters: Filters
 
-def _start_worker(model_proto: bytes) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer.from_bytes(model_proto)
-
-
-def _encode_chunk(args: tuple[list[tuple[str, str]], int, Filters]) -> tuple[list[list[int]], list[list[int]], list[bytes], dict[str, int], int]:
-    """Encode a chunk of pairs and apply the filters that need no memory of other chunks."""
-    pairs, max_len, filters = args
-    tok = _worker_tokenizer
-    src_ids = tok.encode_batch([s for s, _ in pairs])
-    tgt_ids = tok.encode_target_batch([t for _, t in pairs])
-    dropped = dict.fromkeys(Counts().dropped, 0)
-    kept_src, kept_tgt, digests, truncated = [], [], [], 0
-    for (s, t), a, b in zip(pairs, src_ids, tgt_ids):
-        if not s.strip() or not t.strip() or not a or not b:
-            if filters.empty:
-                dropped["empty"] += 1
+    def __call__(self, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]], list[bytes], dict[str, int], int]:
+        tok, max_len, filters = self.tokenizer, self.max_len, self.filters
+        src_ids = tok.encode_batch([s for s, _ in pairs])
+        tgt_ids = tok.encode_target_batch([t for _, t in pairs])
+        dropped = dict.fromkeys(Counts().dropped, 0)
+        kept_src, kept_tgt, digests, truncated = [], [], [], 0
+        for (s, t), a, b in zip(pairs, src_ids, tgt_ids):
+            if not s.strip() or not t.strip() or not a or not b:
+                if filters.empty:
+                    dropped["empty"] += 1
+                    continue
+            if filters.copies and s.strip() == t.strip():
+                dropped["copies"] += 1
                 continue
-        if filters.copies and s.strip() == t.strip():
-            dropped["copies"] += 1
-            continue
-        if len(a) > max_len or len(b) > max_len:
-            if filters.too_long:
-                dropped["too_long"] += 1
+            if len(a) > max_len or len(b) > max_len:
+                if filters.too_long:
+                    dropped["too_long"] += 1
+                    continue
+                a, b, truncated = a[:max_len], b[:max_len], truncated + 1
+            if filters.ratio and max(len(a), len(b)) > filters.ratio * max(1, min(len(a), len(b))):
+                dropped["ratio"] += 1
                 continue
-            a, b, truncated = a[:max_len], b[:max_len], truncated + 1
-        if filters.ratio and max(len(a), len(b)) > filters.ratio * max(1, min(len(a), len(b))):
-            dropped["ratio"] += 1
-            continue
-        kept_src.append(a)
-        kept_tgt.append(b)
-        digests.append(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=16).digest())
-    return kept_src, kept_tgt, digests, dropped, truncated
+            kept_src.append(a)
+            kept_tgt.append(b)
+            digests.append(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=16).digest())
+        return kept_src, kept_tgt, digests, dropped, truncated
 
 
-def _chunks(pairs: Iterator[tuple[str, str]], max_len: int, filters: Filters) -> Iterator[tuple[list[tuple[str, str]], int, Filters]]:
+def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
     chunk: list[tuple[str, str]] = []
     for pair in pairs:
         chunk.append(pair)
         if len(chunk) == CHUNK:
-            yield chunk, max_len, filters
+            yield chunk
             chunk = []
     if chunk:
-        yield chunk, max_len, filters
+        yield chunk
 
 
 class _Side:
@@ -252,6 +228,9 @@ def prepare(
     tmp.mkdir(parents=True)
     (tmp / MARKER).write_text("written by qkv prepare; safe to delete with this directory\n")
     try:
+        # Read before any work: the validation files whole, then every training pair (the sample's
+        # pass), so that a damaged file, a bad line or sides of different lengths stop it first.
+        valid = _validation(valid_src, valid_tgt) if valid_src else None
         sentences, total = _sample(read_corpora(srcs, tgts), sample, seed, hold_out=not valid_src)
         if total == 0:
             raise DataError(f"{', '.join(map(str, srcs))} hold(s) no pairs")
@@ -268,10 +247,15 @@ def prepare(
         counts, seen = Counts(), set()
         pairs = read_corpora(srcs, tgts)
         training = itertools.islice(pairs, total - held)  # the rest of ``pairs`` is the held-out validation
-        context = multiprocessing.get_context("fork")
         bar = tqdm(total=total - held, unit="pair", unit_scale=True, disable=not progress, desc="encoding")
-        with context.Pool(workers or os.cpu_count() or 1, _start_worker, (tokenizer.model_proto,)) as pool:
-            for src_ids, tgt_ids, digests, dropped, truncated in pool.imap(_encode_chunk, _chunks(training, max_len, filters)):
+        encode, n_workers = _Encoder(tokenizer, max_len, filters), workers or os.cpu_count() or 1
+        with contextlib.ExitStack() as stack:  # the workers end (at once, after Ctrl-C) before OUT.tmp is removed
+            if n_workers > 1:
+                pool = stack.enter_context(contextlib.closing(Workers(encode, n_workers)))
+                results = pool.map(_chunks(training), ahead=2 * n_workers)  # a few chunks in memory, not the corpus
+            else:
+                results = map(encode, _chunks(training))
+            for src_ids, tgt_ids, digests, dropped, truncated in results:
                 keep = [i for i, d in enumerate(digests) if not (filters.duplicates and (d in seen or seen.add(d)))]
                 counts.dropped["duplicates"] += len(digests) - len(keep)
                 for name, ids in (("src", src_ids), ("tgt", tgt_ids)):
@@ -286,7 +270,7 @@ def prepare(
         bar.close()
         for side in sides.values():
             side.close()
-        valid = _validation(pairs, held, valid_src, valid_tgt)
+        valid = _held_out(pairs, held) if valid is None else valid
         (tmp / "valid.src.txt").write_text("".join(s + "\n" for s in valid.src), encoding="utf-8")
         (tmp / "valid.tgt.txt").write_text("".join(t + "\n" for t in valid.tgt), encoding="utf-8")
         if counts.kept == 0:
@@ -307,10 +291,13 @@ def prepare(
     return PrepareSummary(out, counts, time.monotonic() - started, len(valid))
 
 
-def _validation(pairs: Iterator[tuple[str, str]], held: int, valid_src, valid_tgt) -> ParallelCorpus:
-    """The validation pairs: the files given, or the ``held`` pairs left in ``pairs`` (the corpus's end)."""
-    if valid_src:
-        return read_parallel(valid_src, valid_tgt) if valid_tgt else read_tsv(valid_src)
+def _validation(valid_src: str | Path, valid_tgt: str | Path | None) -> ParallelCorpus:
+    """The validation pairs of the files given: two aligned files, or one TSV."""
+    return read_parallel(valid_src, valid_tgt) if valid_tgt else read_tsv(valid_src)
+
+
+def _held_out(pairs: Iterator[tuple[str, str]], held: int) -> ParallelCorpus:
+    """The validation pairs held out: the ``held`` pairs left in ``pairs`` (the corpus's end)."""
     rest = [(s, t) for s, t in pairs if s.strip() and t.strip()]
     return ParallelCorpus([s for s, _ in rest], [t for _, t in rest], held - len(rest), "held out")
 
@@ -378,25 +365,95 @@ def is_prepared(path: str | Path | None) -> bool:
 
 
 def load_prepared(path: str | Path) -> Prepared:
-    """A prepared directory: every file's size checked against its manifest, the files that are parsed
-    (tokenizer, validation text) also their SHA-256; the arrays are not read."""
+    """A prepared directory, checked before anything in it is used: its manifest (every field's type,
+    the dtype its vocabulary needs, exactly the files ``qkv prepare`` writes), each file regular and of
+    the recorded size, the parsed ones (tokenizer, validation text) also their SHA-256, and the arrays'
+    contents: offsets from 0, in order, ending at the ids' length, and every id inside the vocabulary.
+    The arrays are not hashed (that would cost at every start what mapping saves), nor kept in memory."""
     path = Path(path)
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        files, version = manifest["files"], manifest["format"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DataError(f"{path} is not a directory qkv prepare wrote (no valid {MANIFEST})") from None
-    if version != FORMAT_VERSION:
-        raise DataError(f"{path / MANIFEST} has format {version!r}; this qkv reads format {FORMAT_VERSION}")
-    for name, entry in files.items():
-        if "/" in name or name.startswith(".") or not (path / name).is_file() or (path / name).stat().st_size != entry["bytes"]:
-            raise DataError(f"{path / name} is missing or not the size {MANIFEST} records: the directory is damaged")
-        # The small files are parsed: verify them first. The arrays are only mapped (hashing gigabytes at
-        # every start would cost what mapping saves); their sizes are checked above and against the offsets.
-        if not name.startswith("train.") and sha256(path / name) != entry["sha256"]:
-            raise DataError(f"{path / name} fails its SHA-256 check against {MANIFEST}: the directory is damaged")
-    if TOKENIZER not in files:
-        raise DataError(f"{path / MANIFEST} does not list {TOKENIZER}: the directory is damaged")
+    manifest = _read_manifest(path)
+    for name, entry in manifest["files"].items():
+        file = path / name
+        if file.is_symlink() or (file.exists() and not file.is_file()):  # a FIFO would hang the reader, a device never end
+            raise DataError(f"{file} is not a regular file: the directory is damaged")
+        if not file.is_file() or file.stat().st_size != entry["bytes"]:
+            raise DataError(f"{file} is missing or not the size {MANIFEST} records: the directory is damaged")
+        if not name.startswith("train.") and sha256(file) != entry["sha256"]:
+            raise DataError(f"{file} fails its SHA-256 check against {MANIFEST}: the directory is damaged")
     tokenizer = Tokenizer.load(path / TOKENIZER)
+    if tokenizer.vocab_size != manifest["vocab_size"]:
+        raise DataError(f"{path / MANIFEST} records a vocabulary of {manifest['vocab_size']}, its tokenizer has "
+                        f"{tokenizer.vocab_size}: the directory is damaged")
     valid = read_parallel(path / "valid.src.txt", path / "valid.tgt.txt")
-    return Prepared(path, manifest, tokenizer, valid)
+    prepared = Prepared(path, manifest, tokenizer, valid)
+    for name in ("src", "tgt"):
+        _check_arrays(prepared, name)
+    return prepared
+
+
+FILES = (TOKENIZER, "train.src.ids", "train.src.offsets", "train.tgt.ids", "train.tgt.offsets", "valid.src.txt", "valid.tgt.txt")
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """``prepared.json``, every field the readers use checked for its type and range (one line each)."""
+    where = path / MANIFEST
+    try:
+        manifest = json.loads(where.read_text(encoding="utf-8")) if where.is_file() else None
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or "files" not in manifest or "format" not in manifest:
+        raise DataError(f"{path} is not a directory qkv prepare wrote (no valid {MANIFEST})")
+    if manifest["format"] != FORMAT_VERSION:
+        raise DataError(f"{where} has format {manifest['format']!r}; this qkv reads format {FORMAT_VERSION}")
+
+    def count(value: Any, name: str, least: int = 0) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise DataError(f"{where}: {name} must be an integer >= {least}, got {value!r}: the directory is damaged")
+        return value
+
+    vocab_size = count(manifest.get("vocab_size"), "vocab_size", 1)
+    count(manifest.get("max_len"), "max_len", 1)
+    counts = manifest.get("counts")
+    dropped = counts.get("dropped") if isinstance(counts, dict) else None
+    if not isinstance(dropped, dict):
+        raise DataError(f"{where}: counts must hold kept, truncated and dropped: the directory is damaged")
+    for name in ("kept", "truncated"):
+        count(counts.get(name), f"counts.{name}")
+    count(dropped.get("empty"), "counts.dropped.empty")
+    dtype = "uint16" if vocab_size <= 1 << 16 else "int32"
+    if manifest.get("dtype") != dtype:
+        raise DataError(f"{where}: dtype must be {dtype} for a vocabulary of {vocab_size}, got {manifest.get('dtype')!r}: "
+                        "the directory is damaged")
+    files = manifest["files"]
+    if not isinstance(files, dict) or sorted(files) != sorted(FILES):
+        listed = sorted(files) if isinstance(files, dict) else files
+        raise DataError(f"{where} must list exactly the files qkv prepare writes ({', '.join(FILES)}), "
+                        f"got {listed!r}: the directory is damaged")
+    for name, entry in files.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise DataError(f"{where}: the entry of {name} needs bytes and sha256: the directory is damaged")
+        count(entry.get("bytes"), f"{name}'s bytes")
+    return manifest
+
+
+def _check_arrays(prepared: Prepared, name: str, chunk: int = 1 << 22) -> None:
+    """One side's offsets start at 0, never decrease and end at its ids' length, and every id is inside
+    the vocabulary, read in chunks (bounded memory) before training maps them: a damaged array would
+    otherwise fail in the middle of a run (an id out of range), or after --overwrite cleared the old one."""
+    dtype, files = np.dtype(prepared.manifest["dtype"]), prepared.manifest["files"]
+    ids_bytes, offsets_bytes = files[f"train.{name}.ids"]["bytes"], files[f"train.{name}.offsets"]["bytes"]
+    n_ids, damaged = ids_bytes // dtype.itemsize, f"{prepared.path}: train.{name}'s arrays are damaged"
+    if ids_bytes % dtype.itemsize or offsets_bytes != 8 * (len(prepared) + 1):
+        raise DataError(f"{damaged} (their sizes do not agree with {MANIFEST}'s {len(prepared)} pairs)")
+    offsets = np.memmap(prepared.path / f"train.{name}.offsets", dtype=np.int64, mode="r")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != n_ids:
+        raise DataError(f"{damaged} (the offsets do not run from 0 to the {n_ids} ids)")
+    for start in range(0, len(offsets) - 1, chunk):
+        if len(backwards := np.flatnonzero(np.diff(offsets[start : start + chunk + 1]) < 0)):
+            raise DataError(f"{damaged} (pair {start + int(backwards[0])} ends before it starts)")
+    if n_ids:
+        ids = np.memmap(prepared.path / f"train.{name}.ids", dtype=dtype, mode="r")
+        for start in range(0, n_ids, chunk):
+            part = ids[start : start + chunk]
+            if int(part.max()) >= prepared.tokenizer.vocab_size or int(part.min()) < 0:
+                raise DataError(f"{damaged} (ids outside the vocabulary of {prepared.tokenizer.vocab_size})")

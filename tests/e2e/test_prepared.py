@@ -313,3 +313,170 @@ def test_multi30k_prepared_without_filters_gives_the_multi30k_presets_own_run(tm
     for i in range(0, n, 97):
         assert (text.train_ids.src_ids[i], text.train_ids.tgt_ids[i]) == (mapped.train_ids.src_ids[i], mapped.train_ids.tgt_ids[i])
     assert list(text.batches(0)) == list(mapped.batches(0)) and list(text.batches(5)) == list(mapped.batches(5))
+
+
+# ---- what qkv prepare reads, and what a prepared directory must be before training uses it ----------
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if ``qkv prepare`` starts working (trains its tokenizer) before its checks end."""
+    def train(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained before the input was checked")
+
+    monkeypatch.setattr(Tokenizer, "train", train)
+
+
+@pytest.mark.parametrize("short", ["tgt", "src"])
+def test_sides_of_different_lengths_are_refused_before_any_work(tmp_path, no_work, short):
+    """A target one line short used to shift every later pair by one (zip had read the source's extra line)."""
+    pairs = date_pairs(200, seed=2)
+    src = _write(tmp_path / "a.src", [s for s, _ in pairs][: 199 if short == "src" else 200])
+    tgt = _write(tmp_path / "a.tgt", [t for _, t in pairs][: 199 if short == "tgt" else 200])
+    counts = {"src": 199, "tgt": 200} if short == "src" else {"src": 200, "tgt": 199}
+    with pytest.raises(DataError, match=rf"line counts differ: {src} has {counts['src']} lines but {tgt} has {counts['tgt']};"):
+        prepare(src, tgt, tmp_path / "prep", vocab_size=120, workers=1, progress=False)
+    assert not (tmp_path / "prep").exists() and not (tmp_path / "prep.tmp").exists()
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz", ".bz2"])
+def test_a_truncated_archive_is_one_line_naming_it_before_any_work(tmp_path, no_work, suffix):
+    import bz2
+    import lzma
+
+    compress = {".gz": gzip.compress, ".xz": lzma.compress, ".bz2": bz2.compress}[suffix]
+    data = compress("".join(f"{s}\t{t}\n" for s, t in date_pairs(3000, seed=2)).encode())
+    path = tmp_path / f"train.tsv{suffix}"
+    path.write_bytes(data[: len(data) // 2])
+    kind = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2"}[suffix]
+    with pytest.raises(DataError, match=rf"{path}: corrupt or truncated {kind} file near line \d+"):
+        prepare(path, None, tmp_path / "prep", vocab_size=120, workers=1, progress=False)
+    assert not (tmp_path / "prep").exists() and not (tmp_path / "prep.tmp").exists()
+
+
+def test_a_line_longer_than_a_mebibyte_is_refused_naming_it(tmp_path, no_work):
+    tsv = _write(tmp_path / "train.tsv", ["9 mai 2017\t2017-05-09", "1 mai 2017\t2017-05-01", "x" * (1 << 20) + "\t2017"])
+    with pytest.raises(DataError, match=rf"{tsv}: line 3 is longer than 1,048,576 bytes"):
+        prepare(tsv, None, tmp_path / "prep", vocab_size=120, workers=1, progress=False)
+
+
+def test_a_blank_tsv_line_is_an_empty_pair_as_qkv_train_counts_it(tmp_path):
+    from qkv.data.corpus import read_tsv
+
+    lines = [f"{s}\t{t}" for s, t in date_pairs(200, seed=2)]
+    lines.insert(5, "")
+    tsv = _write(tmp_path / "train.tsv", lines)
+    summary = prepare(tsv, None, tmp_path / "prep", vocab_size=120, workers=1, progress=False)
+    assert summary.counts.dropped["empty"] == 1 and summary.counts.read == 201 - 10  # 10 held out
+    assert read_tsv(tsv).skipped_empty == 1  # qkv train's count of the same file
+
+
+def test_compressed_validation_files_are_read_and_checked_before_any_work(tmp_path, monkeypatch):
+    import lzma
+
+    pairs = date_pairs(300, seed=4)
+    src, tgt = _write(tmp_path / "train.src", [s for s, _ in pairs[:260]]), _write(tmp_path / "train.tgt", [t for _, t in pairs[:260]])
+    valid = {}
+    for side, k in (("src", 0), ("tgt", 1)):
+        valid[side] = tmp_path / f"valid.{side}.xz"
+        valid[side].write_bytes(lzma.compress("".join(p[k] + "\n" for p in pairs[260:]).encode()))
+    prepare(src, tgt, tmp_path / "prep", valid_src=valid["src"], valid_tgt=valid["tgt"], vocab_size=120, workers=1, progress=False)
+    assert load_prepared(tmp_path / "prep").valid.tgt == [t for _, t in pairs[260:]]
+    bad = tmp_path / "bad.tgt.xz"
+    bad.write_bytes(valid["tgt"].read_bytes()[:-20])
+    monkeypatch.setattr(Tokenizer, "train", lambda *a, **k: pytest.fail("trained before the validation files were read"))
+    with pytest.raises(DataError, match=rf"{bad}: corrupt or truncated xz"):
+        prepare(src, tgt, tmp_path / "again", valid_src=valid["src"], valid_tgt=bad, vocab_size=120, workers=1, progress=False)
+
+
+def _damaged_copy(prepared: Path, where: Path, edit=None) -> Path:
+    import shutil
+
+    shutil.copytree(prepared, where)
+    if edit:
+        manifest = json.loads((where / "prepared.json").read_text())
+        edit(manifest)
+        (where / "prepared.json").write_text(json.dumps(manifest))
+    return where
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(dtype="float16"), "dtype must be uint16 for a vocabulary of 120, got 'float16'"),
+    (lambda m: m.update(dtype="int32"), "dtype must be uint16"),
+    (lambda m: m.pop("dtype"), "dtype must be uint16"),
+    (lambda m: m["counts"].update(kept="570"), "counts.kept must be an integer >= 0, got '570'"),
+    (lambda m: m.update(vocab_size=100), "records a vocabulary of 100, its tokenizer has 120"),
+    (lambda m: m["counts"].update(kept=m["counts"]["kept"] - 1), "train.src's arrays are damaged .their sizes do not agree"),
+    (lambda m: m["files"].pop("valid.tgt.txt"), "must list exactly the files qkv prepare writes"),
+    (lambda m: m["files"].update({"../notes.txt": m["files"]["valid.tgt.txt"]}), "must list exactly the files qkv prepare writes"),
+])  # fmt: skip
+def test_an_edited_manifest_is_one_line_before_training_maps_anything(prepared, tmp_path, edit, message):
+    """Another dtype used to train silently on misread ids; a missing or mistyped field crashed."""
+    damaged = _damaged_copy(prepared, tmp_path / "damaged", edit)
+    with pytest.raises(DataError, match=message):
+        load_prepared(damaged)
+
+
+@pytest.mark.parametrize("damage", ["ids", "offsets"])
+def test_overwrite_with_damaged_arrays_fails_in_one_line_and_deletes_nothing(prepared, tmp_path, capsys, damage):
+    """Arrays of the recorded sizes but with an id out of the vocabulary, or offsets out of order, used
+    to be read first after --overwrite had deleted the old run (an IndexError traceback)."""
+    import numpy as np
+    from conftest import snapshot
+
+    from qkv.cli.main import main
+
+    run = tmp_path / "run"
+    model, train, data = configs(prepared, max_steps=1, average_last=1, keep_last=1)
+    Trainer(run, model, train, data).run(progress=False)
+    before = snapshot(run)
+    damaged = _damaged_copy(prepared, tmp_path / "damaged")
+    name, dtype = ("train.tgt.ids", np.uint16) if damage == "ids" else ("train.src.offsets", np.int64)
+    array = np.fromfile(damaged / name, dtype=dtype)
+    if damage == "ids":
+        array[7] = 200  # the vocabulary has 120 pieces
+    else:
+        array[5] = array[7]  # pair 5 ends before it starts
+    array.tofile(damaged / name)
+    code = main(["train", "--preset", "tiny", "--data-dir", str(damaged), "--out", str(run), "--overwrite", "--max-steps", "1",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    what = "ids outside the vocabulary of 120" if damage == "ids" else "pair 5 ends before it starts"
+    assert f"train.{'tgt' if damage == 'ids' else 'src'}'s arrays are damaged ({what})" in err
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_fifo_in_a_prepared_directory_is_refused_not_read(prepared, tmp_path, listed):
+    """A validation file left out of the manifest and replaced by a FIFO used to hang qkv train."""
+    import os
+    import threading
+
+    damaged = _damaged_copy(prepared, tmp_path / "damaged", None if listed else lambda m: m["files"].pop("valid.src.txt"))
+    fifo = damaged / "valid.src.txt"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    errors: list[str] = []
+
+    def load() -> None:
+        try:
+            load_prepared(damaged)
+        except DataError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(10)
+    hung = thread.is_alive()
+    if hung:  # let the reader go: a writer that opens and closes the FIFO gives it an end of file
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+    assert not hung, "reading the prepared directory waited on the FIFO"
+    expected = f"{fifo} is not a regular file" if listed else f"{damaged / 'prepared.json'} must list exactly the files qkv prepare writes"
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
