@@ -75,7 +75,8 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
-    p.add_argument("--split", default="test_2016_flickr", help="Multi30k split (train, val, test_2016_flickr)")
+    p.add_argument("--split", help="Multi30k split (train, val, test_2016_flickr; default test_2016_flickr for a model trained "
+                                   "on Multi30k; a model trained on other data is scored on Multi30k only when a split is named)")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
     p.add_argument("--ref-file", help="reference translations for --src-file")
@@ -91,20 +92,27 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv.data.corpus import load_multi30k, read_parallel
     from qkv.infer.bleu import format_scores, score
     from qkv.io.outputs import check_output, output_file, read_dirs
+    from qkv.infer.testset import MULTI30K_TEST, check_test_files, multi30k_pair
     from qkv.infer.translator import Translator
 
     reads = read_dirs(args.checkpoint)
     if args.save:
         check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads)
-    model, tokenizer = decoding_model(args)
+    # What the (first) checkpoint was trained on decides which test sets fit it, before any model is loaded.
+    config = checkpoint.read_config(args.checkpoint[0])
     if args.src_file or args.ref_file:
         if not (args.src_file and args.ref_file):
             raise QkvError("give both --src-file and --ref-file")
+        check_test_files(config, args.checkpoint[0], args.src_file, args.ref_file)
+    else:
+        src, tgt = multi30k_pair(config, args.checkpoint[0], split=args.split)
+    model, tokenizer = decoding_model(args)
+    if args.src_file:
         corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
     else:
-        data = checkpoint.read_config(args.checkpoint[0]).get("data", {})
-        src, tgt = data.get("src_lang", "en"), data.get("tgt_lang", "de")
-        corpus = load_multi30k(args.split, src, tgt, args.data_dir or data.get("data_dir"))
+        data = config.get("data") or {}
+        corpus = load_multi30k(args.split or MULTI30K_TEST, src, tgt,
+                               args.data_dir or (data.get("data_dir") if data.get("corpus") == "multi30k" else None))
     started = time.perf_counter()
     shortlist = decoding_shortlist(args, model)
     with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
@@ -178,7 +186,7 @@ def shortlist_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     pairs = itertools.islice(_training_pairs(args, loaded), args.max_pairs)
     table = shortlist.build(pairs, src_vocab=config.src_vocab_size, tgt_vocab=config.tgt_vocab_size, k=args.k,
-                            frequent=args.frequent, always=(tok.eos_id,))
+                            frequent=args.frequent, always=(tok.eos_id,), max_len=config.max_len - 1)  # as training cut them
     checkpoint.add_file(directory, checkpoint.SHORTLIST, lambda path: shortlist.save(table, Path(path)), replace=args.force)
     print(f"added a shortlist to {directory}: {table.info['pairs']:,} pairs counted, {args.k} target pieces per source "
           f"piece and the {args.frequent} most frequent, {time.perf_counter() - started:.1f}s")
@@ -213,4 +221,4 @@ def _training_pairs(args: argparse.Namespace, loaded):
         return
     train, _ = load_corpora(data)
     for src, tgt in zip(train.src, train.tgt):
-        yield tok.encode(src), tok.encode_target(tgt)
+        yield tok.encode(src)[: data.max_len], tok.encode_target(tgt)[: data.max_len]  # as the run read them

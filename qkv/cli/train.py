@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from qkv.errors import QkvError
@@ -78,7 +79,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.io.prepared import is_prepared
     from qkv.io import checkpoint
     from qkv.model.devices import describe
-    from qkv.train.recipes import dump_config, fine_tuning_model, parse_overrides, read_config_file
+    from qkv.train.recipes import LanguageWarning, dump_config, fine_tuning_model, parse_overrides, read_config_file
     from qkv.train.trainer import Trainer
     from qkv.train.recipes import build_configs
 
@@ -128,10 +129,12 @@ def _train(args: argparse.Namespace, ctx) -> int:
         preset = args.preset or file.get("preset", "multi30k")
         model = {**file.get("model", {}), **parse_overrides(args.model)}
         parent = checkpoint.load(args.init_from) if args.init_from else None
-        model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
-            preset, model={} if parent else model,
-            train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
-        )
+        with warnings.catch_warnings(record=True) as said:  # what is known of the data's languages, said once the run starts
+            warnings.simplefilter("always", LanguageWarning)
+            model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
+                preset, model={} if parent else model,
+                train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
+            )
         if parent:  # the parent's model, not the preset's
             model_cfg = fine_tuning_model(parent.model.config, model)
         if args.dump_config:
@@ -147,6 +150,9 @@ def _train(args: argparse.Namespace, ctx) -> int:
                           tensorboard=args.tensorboard)
         if trainer.deleted:
             print(f"--overwrite: deleted {', '.join(trainer.deleted)} from {args.out}", file=sys.stderr)
+        for warning in said:
+            if ctx.is_main:
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     if ctx.is_main:
         where = f"in {ctx.world_size} processes on {trainer.device.type}" if ctx.world_size > 1 else f"on {describe(trainer.device)}"
         where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16",
@@ -177,14 +183,17 @@ def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | 
     from dataclasses import asdict
 
     from qkv.io import checkpoint
-    from qkv.train.recipes import FROM_TOKENIZER
+    from qkv.train.recipes import FROM_TOKENIZER, LANGUAGE_KEYS
 
     saved = checkpoint.read_config(Path(run) / "last")
+    # A run on your own data from before qkv recorded how its languages were set holds en -> de, given or not.
+    unrecorded = set(LANGUAGE_KEYS) if saved["data"].get("corpus") != "multi30k" and not saved["data"].get("languages") else set()
     changes = [
         f"{key} ({saved[section].get(key)!r} -> {value!r})"
         for section, config in (("model", model), ("data", data))
         for key, value in asdict(config).items()
-        if key not in FROM_TOKENIZER and saved[section].get(key) != value and (given is None or key in given[section])
+        if key not in FROM_TOKENIZER and key != "languages" and saved[section].get(key) != value
+        and (given is None or key in given[section]) and not (key in unrecorded and (given is None or key not in given[section]))
     ]
     if changes:
         raise QkvError(

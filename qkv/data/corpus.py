@@ -174,6 +174,17 @@ def download_multi30k(
                 tmp_name.unlink(missing_ok=True)
 
 
+def language_of(path: str | Path | None) -> str | None:
+    """The language a file's name gives, as in Multi30k's and WMT's ``test.en`` or ``train.de.gz``: a
+    two-letter last suffix (after .gz, .xz or .bz2); None when the name gives none."""
+    if not path:
+        return None
+    suffixes = [s.lstrip(".").lower() for s in Path(path).suffixes]
+    while suffixes and suffixes[-1] in ("gz", "xz", "bz2"):
+        suffixes.pop()
+    return suffixes[-1] if suffixes and len(suffixes[-1]) == 2 and suffixes[-1].isalpha() else None
+
+
 def load_multi30k(split: str, src_lang: str, tgt_lang: str, data_dir: str | Path | None = None) -> ParallelCorpus:
     """One split of Multi30k task 1 (train 29,000 pairs, val 1,014, test_2016_flickr 1,000).
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from qkv.model.config import ConfigError, ModelConfig, did_you_mean, check_types, config_from_dict, model_preset
-from qkv.data.corpus import ParallelCorpus, held_out, load_multi30k, read_parallel, read_tsv
+from qkv.data.corpus import ParallelCorpus, held_out, language_of, load_multi30k, read_parallel, read_tsv
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,11 @@ class DataConfig:
     """Where the parallel text comes from and how it is tokenized."""
 
     corpus: Literal["multi30k", "files", "prepared"] = "multi30k"
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    src_lang: str | None = None  # None: with Multi30k, en -> de; with your own data, not known
+    tgt_lang: str | None = None
+    # How src_lang/tgt_lang of your own data were set: "given" (--src/--tgt), "inferred" (from the
+    # file names, with a warning) or "unknown" (None); "" for Multi30k, and in runs from before this record.
+    languages: Literal["", "given", "inferred", "unknown"] = ""
     data_dir: str | None = None  # Multi30k directory (None: $QKV_DATA or the download cache), or with corpus="prepared" what qkv prepare wrote
     train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
     train_tgt: str | None = None
@@ -38,6 +42,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "data")
+        if self.corpus == "multi30k":  # Multi30k always has a pair; its default is en -> de
+            object.__setattr__(self, "src_lang", self.src_lang or "en")
+            object.__setattr__(self, "tgt_lang", self.tgt_lang or "de")
         if self.corpus == "files" and not self.train_src:
             raise ConfigError("corpus 'files' needs train_src (and train_tgt, unless train_src is a TSV)")
         if self.vocab_size < 16:
@@ -196,11 +203,45 @@ def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], 
     if preset not in TRAIN_PRESETS:
         raise ConfigError(f"unknown training preset {preset!r}{did_you_mean(preset, list(TRAIN_PRESETS))}; choose from {', '.join(TRAIN_PRESETS)}")
     p = TRAIN_PRESETS[preset]
+    given = {key for key in LANGUAGE_KEYS if data.get(key)}
+    data = {**p.data.__dict__, **data}
+    if data.get("corpus") != "multi30k":  # Multi30k's default pair says nothing of your own data's
+        data = record_languages(data, given)
     return (
         model_preset(p.model, **{**dict(p.model_overrides), **model}),
         config_from_dict(TrainConfig, {**p.train.__dict__, **train}),
-        config_from_dict(DataConfig, {**p.data.__dict__, **data}),
+        config_from_dict(DataConfig, data),
     )
+
+
+LANGUAGE_KEYS = ("src_lang", "tgt_lang")
+
+
+class LanguageWarning(UserWarning):
+    """The languages of a run on your own data were inferred from file names, or are not known."""
+
+
+def record_languages(data: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """``data`` (a DataConfig's keys, your own corpus) with its languages recorded: the ``given`` ones
+    (--src/--tgt), else those the training files' names give (a warning says so), else None (a warning
+    says what to pass). ``languages`` says which."""
+    data = dict(data)
+    if data.get("languages"):  # recorded already (a --config file of a run, or a resumed run's)
+        return data
+    names = {"src_lang": data.get("train_src"), "tgt_lang": data.get("train_tgt")}
+    if set(LANGUAGE_KEYS) <= given:
+        data["languages"] = "given"
+        return data
+    inferred = {key: data.get(key) if key in given else language_of(names[key]) for key in LANGUAGE_KEYS}
+    if all(inferred.values()) and inferred["src_lang"] != inferred["tgt_lang"]:
+        data.update(inferred, languages="inferred")
+        warnings.warn(f"the training data's languages are {inferred['src_lang']} -> {inferred['tgt_lang']} by its file names "
+                      "(recorded in the run; give --src and --tgt to say otherwise)", LanguageWarning, stacklevel=3)
+    else:
+        data.update({key: data.get(key) if key in given else None for key in LANGUAGE_KEYS}, languages="unknown")
+        warnings.warn("the training data's languages are not known (give --src and --tgt to record them): qkv evaluate "
+                      "will score the run only on test files you give it", LanguageWarning, stacklevel=3)
+    return data
 
 
 def parse_duration(text: str) -> float:

@@ -99,7 +99,7 @@ def test_the_message_says_which_type_the_key_wants():
         (ModelConfig, {"norm_first": "false"}, "model key norm_first must be true or false, got 'false'"),
         (ModelConfig, {"d_k": "8"}, "model key d_k must be an integer or null, got '8'"),
         (ModelConfig, {"activation": "tanh"}, "model key activation must be relu, gelu or silu, got 'tanh'"),
-        (DataConfig, {"src_lang": 3}, "data key src_lang must be a string, got 3"),
+        (DataConfig, {"src_lang": 3}, "data key src_lang must be a string or null, got 3"),
         (DecodeConfig, {"top_p": float("nan")}, "decode key top_p must be a finite number, got nan"),
         (TrainConfig, {"lr": "1e-3"}, "train key lr must be a finite number, got '1e-3'"),
     ]
