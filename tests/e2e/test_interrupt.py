@@ -1,4 +1,4 @@
-"""Ctrl-C during ``qkv translate --workers 2``: one line from the command, no traceback from its
+"""Ctrl-C during ``qkv translate --workers 2`` (and ``prepare --workers 2``): one line from the command, no traceback from its
 workers, no process and no file left behind.
 
 Ctrl-C in a terminal sends SIGINT to the whole foreground process group, the forked workers
@@ -105,3 +105,34 @@ def test_workers_end_when_the_command_is_killed_and_leave_no_file(random_checkpo
         if _group(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
     assert sorted(os.listdir(work)) == before  # no output, no temporary file
+
+
+def test_ctrl_c_on_prepare_with_workers_prints_one_line_and_leaves_nothing_behind(tmp_path):
+    """``qkv prepare --workers 2`` ends its encoding workers as ``translate`` does: one line, no traceback
+    from a worker, no hang (a Pool's terminate() used to wait on a pipe no worker read), no OUT.tmp."""
+    from qkv.data.tasks import date_pairs
+
+    work = tmp_path / "work"
+    work.mkdir()
+    corpus = tmp_path / "big.tsv"  # enough pairs to keep two workers encoding for seconds
+    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in date_pairs(2000, seed=1)) * 200, encoding="utf-8")
+    args = ["prepare", "--train-src", str(corpus), "--out", str(work / "prep"), "--vocab-size", "120", "--sample", "2000",
+            "--workers", "2", "--no-progress"]  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "qkv", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_until_searching(process)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.splitlines() == ["interrupted"], err
+    assert process.returncode == 130 and out == ""
+    deadline = time.monotonic() + 5
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group(process.pid) == []
+    assert os.listdir(work) == []  # neither OUT nor OUT.tmp
