@@ -90,9 +90,13 @@ def _pair_keys(src: list[list[int]], tgt: list[list[int]], src_vocab: int, tgt_v
 
 def build(
     pairs: Iterable[tuple[list[int], list[int]]], *, src_vocab: int, tgt_vocab: int, k: int = DEFAULT_K,
-    frequent: int = DEFAULT_FREQUENT, always: Sequence[int] = (), chunk: int = 50_000,
+    frequent: int = DEFAULT_FREQUENT, always: Sequence[int] = (), chunk: int = 50_000, max_len: int | None = None,
+    max_keys: int = 1 << 22,
 ) -> Shortlist:
-    """A shortlist from sentence pairs of piece ids (without BOS/EOS). ``always``: ids added to ``frequent`` (EOS)."""
+    """A shortlist from sentence pairs of piece ids (without BOS/EOS). ``always``: ids added to ``frequent`` (EOS).
+    ``max_len``: each side cut to this many pieces, as training cut them (None: whole). Pairs are counted
+    ``chunk`` at a time, and sooner when their pairs of pieces reach ``max_keys``: a pair of sides of
+    L pieces makes up to L^2 of them, so memory follows ``max_keys``, never the longest line."""
     if k < 1 or frequent < 0:
         raise QkvError(f"a shortlist needs k >= 1 and frequent >= 0 (got k={k}, frequent={frequent})")
     pair_keys: list[np.ndarray] = []  # (key, count) merged chunk by chunk
@@ -117,13 +121,15 @@ def build(
 
     src_chunk: list[list[int]] = []
     tgt_chunk: list[list[int]] = []
+    work = 0  # pairs of pieces in the chunk, at most
     for src, tgt in pairs:
-        src_chunk.append(list(map(int, src)))
-        tgt_chunk.append(list(map(int, tgt)))
+        src_chunk.append(list(map(int, src[:max_len])))
+        tgt_chunk.append(list(map(int, tgt[:max_len])))
         n_pairs += 1
-        if len(src_chunk) >= chunk:
+        work += len(src_chunk[-1]) * len(tgt_chunk[-1])
+        if len(src_chunk) >= chunk or work >= max_keys:
             flush(src_chunk, tgt_chunk)
-            src_chunk, tgt_chunk = [], []
+            src_chunk, tgt_chunk, work = [], [], 0
     if src_chunk:
         flush(src_chunk, tgt_chunk)
     if not n_pairs:

@@ -324,3 +324,86 @@ def test_qkv_shortlist_counts_the_runs_own_multi30k_pairs_by_default(tiny_run, t
     table = shortlist.load(run / "final" / checkpoint.SHORTLIST, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size)
     assert table.info["pairs"] == n and table.table.equal(expected.table) and table.frequent.equal(expected.frequent)
     assert f"{n:,} pairs counted" in done.stdout
+
+
+def _shortlist_cli(*args: str) -> tuple[int, str]:
+    """``qkv shortlist ARGS`` in this process (no interpreter to start): its status and stderr."""
+    import contextlib
+    import io
+
+    from qkv.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["shortlist", *args])
+    return code, err.getvalue()
+
+
+def test_long_lines_are_counted_as_training_cut_them_in_bounded_memory(random_checkpoint, tmp_path):
+    """A line pair of thousands of pieces used to be counted whole: its pairs of pieces, and the memory,
+    grew with the square of its length. The pieces past the model's max_len - 1 never reached training."""
+    import shutil
+    import tracemalloc
+
+    ck = tmp_path / "ck"
+    shutil.copytree(random_checkpoint, ck)
+    src = ["A dog runs across the green field. " * 150 + "Two children play with a red ball. " * 150, "A dog runs."]
+    tgt = ["Ein Hund rennt über die grüne Wiese. " * 150 + "Zwei Kinder spielen mit einem roten Ball. " * 150, "Ein Hund rennt."]
+    (tmp_path / "train.en").write_text("\n".join(src) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(tgt) + "\n")
+    code, err = _shortlist_cli("--checkpoint", str(ck), "--train-src", str(tmp_path / "train.en"), "--train-tgt",
+                               str(tmp_path / "train.de"), "--k", "3", "--frequent", "5")
+    assert code == 0, err
+    loaded = checkpoint.load(ck)
+    tok, cut = loaded.tokenizer, loaded.model.config.max_len - 1
+    assert len(tok.encode(src[0])) > cut and len(tok.encode_target(tgt[0])) > cut
+    whole = [(tok.encode(s), tok.encode_target(t)) for s, t in zip(src, tgt)]
+    counted = [(s[:cut], t[:cut]) for s, t in whole]
+    kwargs = dict(src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size, k=3, frequent=5, always=(tok.eos_id,))
+    expected, uncut = shortlist.build(counted, **kwargs), shortlist.build(whole, **kwargs)
+    assert not expected.table.equal(uncut.table)  # the test can tell a cut count from a whole one
+    table = shortlist.load(ck / checkpoint.SHORTLIST, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size)
+    assert table.table.equal(expected.table) and table.frequent.equal(expected.frequent)
+
+    # 3,000 distinct pieces a side: 9 million pairs of pieces whole, 10,000 cut to 100
+    pair = (list(range(3000)), list(range(3000)))
+    tracemalloc.start()
+    shortlist.build([pair], src_vocab=3000, tgt_vocab=3000, k=2, frequent=0, max_len=100)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * 2**20, peak  # the table itself (3,000 x 2 int32) and counts of 3,000: well under 8 MiB
+
+
+def test_pairs_are_counted_in_chunks_of_bounded_pairs_of_pieces():
+    pairs = random_pairs(300, seed=2)
+    table, top = dice_by_hand(pairs, 30, 25, k=4, frequent=6)
+    built = shortlist.build(pairs, src_vocab=30, tgt_vocab=25, k=4, frequent=6, max_keys=40)  # a flush every few pairs
+    assert [[t for t in row if t >= 0] for row in built.table.tolist()] == table and built.frequent.tolist() == top
+
+
+def test_train_files_of_different_lengths_are_refused_and_bz2_is_read_as_bz2(random_checkpoint, tmp_path):
+    """The target one line short used to shift every later pair; --help promised .bz2, which was read as text."""
+    import bz2
+    import shutil
+
+    from conftest import RANDOM_MODEL_SENTENCES
+
+    ck = tmp_path / "ck"
+    shutil.copytree(random_checkpoint, ck)
+    before = snapshot(ck)
+    sources, targets = RANDOM_MODEL_SENTENCES[0::2], RANDOM_MODEL_SENTENCES[1::2]
+    (tmp_path / "train.en").write_text("\n".join(sources) + "\n")
+    (tmp_path / "train.de").write_text("\n".join(targets[:-1]) + "\n")
+    code, err = _shortlist_cli("--checkpoint", str(ck), "--train-src", str(tmp_path / "train.en"), "--train-tgt", str(tmp_path / "train.de"))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"line counts differ: {tmp_path / 'train.en'} has {len(sources)} lines but {tmp_path / 'train.de'} has {len(sources) - 1}" in err
+    assert snapshot(ck) == before
+
+    tsv = "".join(f"{s}\t{t}\n" for s, t in zip(sources, targets)).encode()
+    (tmp_path / "train.tsv.bz2").write_bytes(bz2.compress(tsv))
+    code, err = _shortlist_cli("--checkpoint", str(ck), "--train-src", str(tmp_path / "train.tsv.bz2"), "--k", "3")
+    assert code == 0, err
+    tok = checkpoint.load(ck).tokenizer
+    expected = shortlist.build([(tok.encode(s), tok.encode_target(t)) for s, t in zip(sources, targets)], src_vocab=tok.vocab_size,
+                               tgt_vocab=tok.vocab_size, k=3, always=(tok.eos_id,))
+    assert shortlist.load(ck / checkpoint.SHORTLIST, src_vocab=tok.vocab_size, tgt_vocab=tok.vocab_size).table.equal(expected.table)
