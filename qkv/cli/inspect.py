@@ -118,17 +118,25 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
     p.add_argument("--reference", "-r", help="target sentences to align with (default: the model's own translations)")
     p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
-    p.add_argument("--layer", type=int, default=-1, help="decoder layer whose cross-attention aligns, 1-based (default: the last)")
-    p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads)")
+    p.add_argument("--method", choices=["attention", "norm", "alti"], default="norm",
+                   help="what aligns: the cross-attention weights, the norms of what each source token adds "
+                        "(default), or ALTI+ contributions rolled out through the model")
+    p.add_argument("--read", choices=["input", "predict"], default="input",
+                   help="read a target word where it is the decoder's input (default) or where it is predicted")
+    p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the one below the last; "
+                                              "the last for a one-layer decoder)")
+    p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads; not with --method alti)")
     p.add_argument("--pieces", action="store_true", help="align subword pieces (indices of the SentencePiece pieces, "
                                                         "EOS left out) instead of whitespace words")
+    p.add_argument("--gold", help="a gold alignment file (one line a pair, i-j sure and ipj possible links, "
+                                  "1-based, source first): print the alignment error rate to stderr")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
 
 
-@command("align", "word alignments from cross-attention, one line per sentence pair, in the Pharaoh format", _align_args)
+@command("align", "word alignments (cross-attention weights, value norms or ALTI+), one line per sentence pair, in the Pharaoh format", _align_args)
 def align_command(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
-    from qkv.inspect.align import align, pharaoh
+    from qkv.inspect.align import align, alignment_error_rate, pharaoh, read_gold
     from qkv.data.corpus import read_lines, read_parallel
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
 
@@ -137,7 +145,7 @@ def align_command(args: argparse.Namespace) -> int:
         check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
     cfg = loaded.model.config
-    if not 1 <= abs(args.layer) <= cfg.n_decoder_layers or args.layer == 0:
+    if args.layer is not None and (not 1 <= abs(args.layer) <= cfg.n_decoder_layers or args.layer == 0):
         raise QkvError(f"--layer must be between 1 and {cfg.n_decoder_layers}")
     if args.head is not None and not 1 <= args.head <= cfg.n_heads:
         raise QkvError(f"--head must be between 1 and {cfg.n_heads}")
@@ -146,13 +154,21 @@ def align_command(args: argparse.Namespace) -> int:
         sources, targets = pairs.src, pairs.tgt
     else:
         sources, targets = read_lines(Path(args.input)), None
+    gold = read_gold(args.gold) if args.gold else None  # a malformed gold file fails before the work
+    if gold is not None and len(gold) != len(sources):
+        raise QkvError(f"--gold has {len(gold)} lines but --input {len(sources)}: one gold line per pair")
+    layer = None if args.layer is None else args.layer - 1 if args.layer > 0 else args.layer
     alignments = align(
-        loaded.model, loaded.tokenizer, sources, targets, layer=args.layer - 1 if args.layer > 0 else args.layer,
+        loaded.model, loaded.tokenizer, sources, targets, layer=layer, method=args.method, row=args.read,
         head=None if args.head is None else args.head - 1, config=decode_config(args),
         max_tokens=args.batch_tokens, pieces=args.pieces,
     )
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)
+    if gold is not None:
+        rate = alignment_error_rate(alignments, gold)
+        print(f"AER {100 * rate['aer']:.1f} (precision {100 * rate['precision']:.1f}, recall {100 * rate['recall']:.1f}) "
+              f"on {len(gold)} pairs", file=sys.stderr)
     return 0
 
 

@@ -1,16 +1,25 @@
-"""Word alignments from cross-attention, for whole files, in the Pharaoh format ("0-0 1-2 ...").
+"""Word alignments for whole files, in the Pharaoh format ("0-0 1-2 ..."), and their error rate.
 
 For each line pair the target (a given reference, or the model's own translation) is read by the
-decoder in one teacher-forced pass, and the chosen layer's cross-attention (one head, or the mean of
-the heads) aligns each target word with the source word it attends to most (``align_words``:
-subword pieces merged into words). Pharaoh pairs are "source-target" word indices, 0-based, in
-whitespace-separated words of the detokenized text; with ``pieces=True`` they are indices of the
-SentencePiece pieces instead (EOS left out), each target piece aligned on its own.
+decoder in one teacher-forced pass, and a reading of the chosen decoder layer aligns each target word
+with the source word that scores highest (``align_words``: subword pieces merged into words). The
+readings (``METHODS``; ``qkv.inspect.contributions``):
+
+- ``attention``: the cross-attention weights (one head, or the mean of the heads);
+- ``norm``: the norms of what each source token adds, ||sum_h alpha_ij f(x_j)|| (Kobayashi et al., 2020);
+- ``alti``: ALTI+'s share of each source token, rolled out through the encoder and decoder.
+
+``row`` says where a target word is read: ``predict``, the decoder position that predicts it (what
+qkv did before 0.x and what the pictures show), or ``input``, the position where it is the decoder's
+input (Shift-Att, Chen et al., 2020), which the literature found far better. Pharaoh pairs are
+"source-target" word indices, 0-based, in whitespace-separated words of the detokenized text; with
+``pieces=True`` they are indices of the SentencePiece pieces instead (EOS left out).
 """
 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -20,22 +29,42 @@ from qkv.infer.search import DecodeConfig
 from qkv.model.transformer import Transformer
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator, length_batches
+from qkv.inspect.contributions import contributions, reading
 from qkv.inspect.visualize import align_words
+
+METHODS = ("attention", "norm", "alti")
+ROWS = ("input", "predict")
+# The default reading: value norms read at the input position, at the decoder layer below the last
+# (layer -2; -1 for a one-layer decoder), chosen on the En-De gold set of Multi30k val
+# (benchmarks/gold/multi30k-val.en-de; docs/alignment.md gives every method's and layer's AER).
+DEFAULT_METHOD, DEFAULT_ROW, DEFAULT_LAYER = "norm", "input", -2
 
 
 @torch.inference_mode()
 def align(
     model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str] | None = None, *,
-    layer: int = -1, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
-    pieces: bool = False,
+    layer: int | None = None, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
+    pieces: bool = False, method: str = DEFAULT_METHOD, row: str = DEFAULT_ROW,
 ) -> list[list[tuple[int, int]]]:
     """Pharaoh pairs (source word, target word) for each line, in input order.
 
     ``targets`` None: align each source with the model's own translation (searched with ``config``).
-    ``layer``: a Python index over the decoder layers (-1: the last); ``head``: one head, 0-based, or
-    None for the mean over heads. ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the
-    encoded source and target, EOS left out) instead of words. An empty source or target gives no pairs.
+    ``method``: one of ``METHODS``; ``row``: ``input`` or ``predict`` (module docstring).
+    ``layer``: a Python index over the decoder layers (None: ``DEFAULT_LAYER``, or the last of a
+    one-layer decoder); ``head``: one head, 0-based, or None for the mean over heads (``attention``
+    and ``norm`` only). ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the encoded
+    source and target, EOS left out) instead of words. An empty source or target gives no pairs.
     """
+    if method not in METHODS:
+        raise QkvError(f"unknown alignment method {method!r}: one of {', '.join(METHODS)}")
+    if row not in ROWS:
+        raise QkvError(f"unknown reading {row!r}: input or predict")
+    if head is not None and method == "alti":
+        raise QkvError("ALTI+ rolls out every head together: --head goes with --method attention or norm")
+    n_layers = len(model.decoder_layers)
+    layer = (DEFAULT_LAYER if n_layers > 1 else -1) if layer is None else layer
+    if not -n_layers <= layer < n_layers:
+        raise QkvError(f"layer {layer} is outside the decoder's {n_layers} layers")
     model.eval()
     translator = Translator(model, tokenizer, config or DecodeConfig())
     src_ids = [translator.encode(s) for s in sources]  # cut to the model's positions, with a warning
@@ -59,20 +88,70 @@ def align(
             [src_ids[i] for i in indices], [tgt_ids[i] for i in indices],
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T)
-        memory, src_mask, _ = model.encode(src)
-        _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed
-        cross = weights.cross[layer].float()  # (B, H, T, S)
-        cross = cross.mean(dim=1) if head is None else cross[:, head]  # (B, T, S)
-        for row, i in enumerate(indices):
+        cross = _scores(model, src, tgt_in, method, layer, head)  # (B, T, S)
+        if row == "input":  # target piece t is the input at position t + 1; EOS's row (unused) zero
+            cross = torch.cat([cross[:, 1:], torch.zeros_like(cross[:, :1])], dim=1)
+        for b, i in enumerate(indices):
             src_pieces = tokenizer.pieces([*src_ids[i], tokenizer.eos_id])
             tgt_pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
-            w = cross[row, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
+            w = cross[b, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
             if pieces:  # each target piece with the source piece it attends to most, EOS on neither side
                 best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
                 results[i] = [(s, t) for t, s in enumerate(best)]
             else:
                 results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
     return results
+
+
+def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None) -> torch.Tensor:
+    """(B, T, S) source scores of each target position: src (B, S), tgt_in (B, T)."""
+    if method == "attention":  # the plain pass: no decomposition needed
+        memory, src_mask, _ = model.encode(src)
+        _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed
+        cross = weights.cross[layer].float()  # (B, H, T, S)
+        return cross.mean(dim=1) if head is None else cross[:, head]
+    found = contributions(model, src, tgt_in)
+    if head is not None:  # method "norm": one head's alpha ||f(x)||
+        return found.head_norms[layer][:, head].float()
+    return reading(found, method, layer).float()
+
+
+def read_gold(path: str | Path) -> list[tuple[set[tuple[int, int]], set[tuple[int, int]]]]:
+    """A gold alignment file: one line a pair, ``i-j`` sure and ``ipj`` possible links, 1-based, source
+    index first (the Hansards format). Returns (sure, possible) sets of 0-based pairs, possible including sure."""
+    gold = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        sure, possible = set(), set()
+        for link in line.split():
+            kind = "p" if "p" in link else "-"
+            try:
+                i, j = (int(x) for x in link.split(kind))
+            except ValueError:
+                raise QkvError(f"{path}, line {n}: {link!r} is not a link i-j or ipj") from None
+            if i < 1 or j < 1:
+                raise QkvError(f"{path}, line {n}: {link!r}: indices are 1-based")
+            possible.add((i - 1, j - 1))
+            if kind == "-":
+                sure.add((i - 1, j - 1))
+        gold.append((sure, possible))
+    return gold
+
+
+def alignment_error_rate(predicted: list[list[tuple[int, int]]], gold: list[tuple[set, set]]) -> dict[str, float]:
+    """AER = 1 - (|A & S| + |A & P|) / (|A| + |S|) over a corpus (Och and Ney, 2003), with precision
+    against P and recall against S; ``predicted`` and ``gold`` line by line, 0-based (source, target)."""
+    if len(predicted) != len(gold):
+        raise QkvError(f"{len(predicted)} alignments but {len(gold)} gold lines")
+    a = s = a_s = a_p = 0
+    for pairs, (sure, possible) in zip(predicted, gold):
+        found = set(pairs)
+        a, s = a + len(found), s + len(sure)
+        a_s, a_p = a_s + len(found & sure), a_p + len(found & possible)
+    return {
+        "aer": 1 - (a_s + a_p) / (a + s) if a + s else 0.0,
+        "precision": a_p / a if a else 0.0,
+        "recall": a_s / s if s else 0.0,
+    }
 
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:

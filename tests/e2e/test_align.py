@@ -1,4 +1,5 @@
-"""`qkv align`: Pharaoh word alignments from cross-attention, one line per input line."""
+"""`qkv align`: Pharaoh word alignments (attention weights, value norms, ALTI+), one line per input line,
+and their error rate against a gold file."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import pytest
 import torch
 
 from qkv.io import checkpoint
-from qkv.inspect.align import align, pharaoh
+from qkv.inspect.align import align, alignment_error_rate, pharaoh, read_gold
 from qkv.model.config import model_preset
 from qkv.infer.search import DecodeConfig
 from qkv.model.transformer import Transformer
 from qkv.data.tokenizer import Tokenizer
-from qkv.inspect.visualize import align_words, capture_attention, word_alignment
+from qkv.inspect.visualize import align_words, attention_of, capture_attention, word_alignment
 
 SENTENCES = ["a man rides a red bike", "two dogs play in the snow", "a woman reads a book", "children run on the beach"]
 
@@ -48,7 +49,8 @@ def model_dir(tmp_path_factory) -> Path:
 def test_aligning_own_translations_agrees_with_the_attention_picture(model_dir):
     loaded = checkpoint.load(model_dir)
     config = DecodeConfig(beam_size=2, max_len_b=6)
-    batched = align(loaded.model, loaded.tokenizer, SENTENCES, config=config, max_tokens=30)  # several batches
+    batched = align(loaded.model, loaded.tokenizer, SENTENCES, config=config, max_tokens=30,  # several batches
+                    method="attention", row="predict", layer=-1)
     for sentence, pairs in zip(SENTENCES, batched):
         capture = capture_attention(loaded.model, loaded.tokenizer, sentence, config)
         src_words, tgt_words = capture.source.split(), capture.translation.split()
@@ -80,3 +82,60 @@ def test_align_command_keeps_lines_and_indices_valid(model_dir, tmp_path):
     assert run("-i", src, "--layer", "3").stderr.startswith("qkv align: error: --layer must be between 1 and 2")
     ref.write_text("one line\n", encoding="utf-8")
     assert "line counts differ" in run("-i", src, "-r", ref).stderr
+
+
+@pytest.mark.parametrize("method", ["attention", "norm", "alti"])
+def test_every_method_reads_the_input_row_and_is_batch_invariant(model_dir, method):
+    """Read at the input position, target word t takes the row after the one that predicts it; one
+    sentence at a time or batched, the pairs are the same."""
+    loaded = checkpoint.load(model_dir)
+    with torch.no_grad():  # sharper attention than the random weights give, so that rows differ
+        for layer in [*loaded.model.encoder_layers, *loaded.model.decoder_layers]:
+            for attention in {layer.self_attn, getattr(layer, "cross_attn", layer.self_attn)}:
+                attention.in_proj.weight.mul_(4.0)
+    targets = ["ein Mann fährt ein rotes Rad", "zwei Hunde spielen", "eine Frau liest", "Kinder rennen"]
+    batched = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, max_tokens=1000)
+    alone = [align(loaded.model, loaded.tokenizer, [s], [t], method=method)[0] for s, t in zip(SENTENCES, targets)]
+    assert batched == alone
+    if method == "attention":
+        shifted = []
+        for s, t in zip(SENTENCES, targets):
+            src_ids, tgt_ids = loaded.tokenizer.encode(s), loaded.tokenizer.encode_target(t)
+            capture = attention_of(loaded.model, loaded.tokenizer, s, src_ids, tgt_ids)
+            w = capture.cross[-2].mean(dim=0)  # (T, S): the default layer, the one below the last
+            w = torch.cat([w[1:], torch.zeros_like(w[:1])])  # target piece t read at row t + 1
+            shifted.append([(i, j) for i, j, _ in align_words(w, capture.src_tokens, capture.tgt_tokens)])
+        assert batched == shifted
+        predict = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, row="predict")
+        assert predict != batched  # the two readings differ on this model
+
+
+def test_alignment_error_rate_on_hand_made_links(tmp_path):
+    gold = tmp_path / "gold"
+    gold.write_text("1-1 2p2 3-3\n1p2\n", encoding="utf-8")
+    read = read_gold(gold)
+    assert read == [({(0, 0), (2, 2)}, {(0, 0), (1, 1), (2, 2)}), (set(), {(0, 1)})]
+    # A = {(0,0), (1,1), (0,2)} and {(0,1)}: |A| 4, |S| 2, |A & S| 1, |A & P| 3 -> 1 - 4/6
+    rate = alignment_error_rate([[(0, 0), (1, 1), (0, 2)], [(0, 1)]], read)
+    assert rate == pytest.approx({"aer": 1 - 4 / 6, "precision": 3 / 4, "recall": 1 / 2})
+    assert alignment_error_rate([[(0, 0), (2, 2)], []], read)["aer"] == 0.0
+    gold.write_text("1-1 2x2\n", encoding="utf-8")
+    with pytest.raises(Exception, match="line 1: '2x2' is not a link"):
+        read_gold(gold)
+
+
+def test_align_command_reports_the_error_rate_and_refuses_a_bad_gold_file(model_dir, tmp_path):
+    src, ref, gold = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "gold"
+    src.write_text("a man rides\ntwo dogs\n", encoding="utf-8")
+    ref.write_text("ein Mann fährt\nzwei Hunde\n", encoding="utf-8")
+    gold.write_text("1-1 2-2 3-3\n1-1 2-2\n", encoding="utf-8")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "qkv", "align", "--checkpoint", str(model_dir), "-i", src,  # noqa: E731
+                                     "-r", ref, *map(str, a)], capture_output=True, text=True, timeout=120)
+    result = run("--gold", gold, "--method", "alti")
+    assert result.returncode == 0, result.stderr
+    predicted = [[tuple(map(int, p.split("-"))) for p in line.split()] for line in result.stdout.splitlines()]
+    expected = alignment_error_rate(predicted, read_gold(gold))["aer"]
+    assert f"AER {100 * expected:.1f} " in result.stderr and "on 2 pairs" in result.stderr
+    gold.write_text("1-1\n", encoding="utf-8")
+    assert "--gold has 1 lines but --input 2" in run("--gold", gold).stderr
+    assert "--head goes with --method attention or norm" in run("--method", "alti", "--head", "1").stderr
