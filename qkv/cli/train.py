@@ -81,7 +81,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.model.devices import describe
     from qkv.train.recipes import LanguageWarning, dump_config, fine_tuning_model, parse_overrides, read_config_file
     from qkv.train.trainer import Trainer
-    from qkv.train.recipes import build_configs
+    from qkv.train.recipes import build_configs, resolved_paths
 
     device = None if ctx.enabled else device_of(args)  # torchrun gives each process its device
     if args.tensorboard:  # its event files may not land in a checkpoint the run reads or writes
@@ -120,7 +120,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             model = parse_overrides(args.model)
             configs = build_configs(args.preset or "multi30k", model=model, train={}, data=data)
             given = None if args.preset else {"model": set(model), "data": set(data)}  # a preset sets every key
-            _check_resume_agrees(args.resume, configs[0], configs[2], given=given)
+            _check_resume_agrees(args.resume, configs[0], resolved_paths(configs[2]), given=given)  # paths as the run records them
         trainer = Trainer.resume(args.resume, device=device, tensorboard=args.tensorboard, **train_overrides)
     else:
         if args.init_from and args.out:  # --overwrite must never delete the checkpoint it fine-tunes from

@@ -198,6 +198,33 @@ def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
     return train, valid
 
 
+DATA_PATHS = ("data_dir", "train_src", "train_tgt", "valid_src", "valid_tgt")
+
+
+def resolved_paths(data: DataConfig) -> DataConfig:
+    """``data`` with its files and directories as absolute paths, symlinks resolved: what a run records,
+    so that ``--resume`` from another directory reads the same files."""
+    paths = {key: str(Path(value).expanduser().resolve()) for key in DATA_PATHS if (value := getattr(data, key))}
+    return dataclasses.replace(data, **paths)
+
+
+def data_sources(data: DataConfig) -> dict[str, dict[str, Any]]:
+    """What a run reads, by role: each file's path, size and SHA-256 (a prepared directory: those of its
+    manifest, which holds every other file's). ``--resume`` compares them (``qkv.train.resume``)."""
+    from qkv.data.corpus import multi30k_dir
+    from qkv.io.manifest import sha256
+
+    if data.corpus == "prepared":
+        files = {"prepared": Path(data.data_dir) / "prepared.json"}
+    elif data.corpus == "multi30k":
+        directory = multi30k_dir(data.data_dir)
+        files = {f"{split}_{side}": directory / f"{split}.{lang}.gz" for split in ("train", "val")
+                 for side, lang in (("src", data.src_lang), ("tgt", data.tgt_lang))}
+    else:
+        files = {key: Path(value) for key in DATA_PATHS[1:] if (value := getattr(data, key))}
+    return {role: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path)} for role, path in files.items()}
+
+
 def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:
     """A training preset with overrides applied (unknown keys are rejected with a hint)."""
     if preset not in TRAIN_PRESETS:

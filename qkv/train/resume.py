@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from qkv.errors import DataError
 from qkv.io import checkpoint
 from qkv.io.outputs import replace_whole
 from qkv.model.config import ConfigError, config_from_dict
@@ -54,3 +55,19 @@ def restore_tokenizer(run_dir: Path, last: Path) -> None:
     if tokenizer_path.is_file() and tokenizer_path.read_bytes() == saved_tokenizer:
         return
     replace_whole(tokenizer_path, saved_tokenizer)
+
+
+def check_sources(run_dir: Path, saved: dict[str, dict[str, Any]] | None, current: dict[str, dict[str, Any]]) -> None:
+    """Refuse (one line) to resume on data other than the run started on: a file (a prepared directory's
+    manifest) of another size or SHA-256 than the run recorded (``qkv.train.recipes.data_sources``), or
+    read from another place. ``saved`` None: a run from before qkv recorded its data, not checked."""
+    if saved is None:
+        return
+    changed = [
+        f"{role} {was['path']}" + (f" (now {now['path']})" if now and now["path"] != was["path"] else "")
+        for role, was in saved.items()
+        if not (now := current.get(role)) or (now["bytes"], now["sha256"]) != (was["bytes"], was["sha256"])
+    ] + [f"{role} {now['path']} (new)" for role, now in current.items() if role not in saved]
+    if changed:
+        raise DataError(f"--resume {run_dir}: the data is not what the run started on: {', '.join(changed)} changed since; "
+                        "put it back as it was, or start a new run with --out")

@@ -43,10 +43,10 @@ from qkv.model.transformer import Transformer
 from qkv.train.progress import PlainProgress
 from qkv.train.progress import progress as show_progress
 from qkv.model.dropout import use_fast_dropout
-from qkv.train.recipes import DataConfig, TrainConfig, adam_kernel, load_corpora
+from qkv.train.recipes import DataConfig, TrainConfig, adam_kernel, data_sources, load_corpora, resolved_paths
 from qkv.io.checkpoint import step_dirs
 from qkv.train.precision import Precision
-from qkv.train.resume import resumed_train_config, restore_tokenizer, saved_train_config
+from qkv.train.resume import check_sources, resumed_train_config, restore_tokenizer, saved_train_config
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
 from qkv.io.runs import clear_run, mark_run
 from qkv.train.stopping import StopRequested, StopSignals
@@ -91,6 +91,7 @@ class Trainer:
         CPU); under torchrun each process takes the device its rank was given. ``tensorboard``: a
         directory where the log's training and validation numbers also go as TensorBoard scalars."""
         self.run_dir = Path(run_dir)
+        data = resolved_paths(data)  # the run records where its data is, not where it was started from
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
         self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
@@ -103,6 +104,7 @@ class Trainer:
         # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
         prepared = load_prepared(data.data_dir) if data.corpus == "prepared" else None  # arrays mapped, not read
         self.train_data, self.valid_data = (prepared, prepared.validation(data.valid_limit)) if prepared else load_corpora(data)
+        self.sources = data_sources(data)  # what --resume compares: each file's path, size and SHA-256
         main = self.dist.is_main
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
         tokenizer, new_tokenizer = run_tokenizer(self.run_dir, data.vocab_size, train.seed, self.train_data, init_from=init_from,
@@ -206,6 +208,7 @@ class Trainer:
         trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
                       tensorboard=tensorboard)
         trainer.inherited = {key: config[key] for key in INHERITED_CONFIGS if key in config}
+        check_sources(Path(run_dir), config.get("sources"), trainer.sources)
         loaded = checkpoint.load(last)
         trainer.model.load_state_dict(loaded.model.state_dict())
         state = checkpoint.load_trainer(last, trainer.optimizer)
@@ -231,7 +234,7 @@ class Trainer:
         return trainer
 
     def configs(self) -> dict[str, Any]:
-        return {**self.inherited, "train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__}
+        return {**self.inherited, "train": self.train_cfg.__dict__, "data": self.data_cfg.__dict__, "sources": self.sources}
 
     def save(self, directory: Path, *, resumable: bool = True, rank_rng: list[dict[str, str]] | None = None) -> None:
         """Write a checkpoint of ``self.model``; ``rank_rng``: every rank's generators (distributed runs)."""
