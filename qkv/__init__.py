@@ -12,8 +12,9 @@ The package is layered; each layer imports only from itself and the layers befor
     qkv.serve                  the HTTP server
     qkv.cli                    the command line
 
-The names below are importable from ``qkv`` itself; importing ``qkv`` loads only the model layer,
-the rest on first use.
+``qkv.__all__`` is the stable public API: the names below, importable from ``qkv`` itself and each
+described in docs/model.md ("The Python API"; ``tests/unit/test_api.py`` checks both). Importing
+``qkv`` loads only the model layer, the rest on first use. Other modules are reachable but not promised.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _LAZY = {  # name -> module, imported when the name is first used
     "TrainConfig": "qkv.train.recipes",
     "DataConfig": "qkv.train.recipes",
     "load_checkpoint": "qkv.io.checkpoint",
+    "build_configs": "qkv.train.recipes",
 }
 
 __all__ = ["ModelConfig", "MultiHeadAttention", "Transformer", "model_preset", "scaled_dot_product_attention", *_LAZY]

@@ -74,6 +74,11 @@ class Translator:
     one thread each (``qkv.infer.workers``), which gives the same translations faster when the model is
     small; the processes start at the first translation and end with ``close()`` (or ``with``).
 
+    ``config``: how to search; None (the default) takes ``DecodeConfig``'s defaults with the decoding
+    settings of the checkpoint the model was loaded from (``qkv.load_checkpoint``, ``from_checkpoint``):
+    the length penalty its run chose on validation, as ``qkv translate`` does. A config you pass is used
+    as given (``dataclasses.replace(translator.config, beam_size=1)`` keeps the checkpoint's penalty).
+
     ``shortlist``: each sentence is searched over the target pieces its source makes likely
     (``qkv.infer.shortlist``): faster, an approximation of the exact search.
 
@@ -100,7 +105,8 @@ class Translator:
             raise QkvError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.config = config or DecodeConfig()
+        # None: the settings a loaded checkpoint recommends (the length penalty its run chose on validation), as qkv translate uses
+        self.config = config or DecodeConfig(**getattr(model, "decode_defaults", {}))
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.workers = workers
@@ -123,6 +129,7 @@ class Translator:
     def from_checkpoint(
         cls, path: str | Path, config: DecodeConfig | None = None, *, device: str | torch.device = "cpu", **kwargs
     ) -> Translator:
+        """The checkpoint (or a run's ``final/``) at ``path``, searched with ``config`` (None: its own settings)."""
         loaded = checkpoint.load(path, device=device)
         return cls(loaded.model, loaded.tokenizer, config, **kwargs)
 

@@ -65,7 +65,7 @@ def train_dates_model(
         texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
         Tokenizer.train(texts, 400, out / checkpoint.TOKENIZER, split_digits=True, seed=seed)
     data = DataConfig(corpus="files", train_src=str(out / "train.tsv"), valid_src=str(out / "valid.tsv"), max_len=48)
-    trainer = Trainer(out, model_preset("tiny", **DEMO_MODEL), train, data)
+    trainer = Trainer(out, model_preset("tiny", **DEMO_MODEL), train, data, _checked=True)  # run_demo checked out, and put the tokenizer there
     trainer.run(progress=progress)
     return trainer
 

@@ -390,7 +390,9 @@ def _model_config(config: dict[str, Any], path: Path) -> ModelConfig:
 
 
 def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkpoint:
-    """Rebuild the model and tokenizer from a checkpoint directory alone (no pickle anywhere).
+    """Rebuild the model and tokenizer from a checkpoint directory alone (no pickle anywhere). The
+    model's ``decode_defaults`` are the decoding settings config.json recommends (``decode_defaults``),
+    which a ``Translator`` made without a config uses.
 
     Every file is verified against the manifest first; parsing comes after.
     """
@@ -407,6 +409,7 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
         raise CheckpointError(f"{weights} cannot be read as safetensors ({error}); the file is corrupted") from None
     load_weights(model, tensors, str(weights))
     tokenizer = load_tokenizer(directory / TOKENIZER)
+    model.decode_defaults = decode_defaults(config)  # what a Translator of this model searches with by default
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from qkv.errors import NonFiniteLoss
+from qkv.errors import NonFiniteLoss, QkvError
 from qkv.io import checkpoint
 from qkv.model import cpu
 from qkv.train import distributed
@@ -48,7 +48,7 @@ from qkv.io.checkpoint import step_dirs
 from qkv.train.precision import Precision
 from qkv.train.resume import check_sources, resumed_train_config, restore_tokenizer, saved_train_config
 from qkv.train.log import RunLog, open_tensorboard, plot_curves
-from qkv.io.runs import clear_run, mark_run
+from qkv.io.runs import check_new_run, clear_run, mark_run
 from qkv.train.stopping import StopRequested, StopSignals
 from qkv.train.vocabulary import run_tokenizer
 from qkv.data.marian_tokenizer import MarianTokenizer
@@ -82,9 +82,14 @@ class Trainer:
     def __init__(
         self, run_dir: str | Path, model_config: ModelConfig, train: TrainConfig, data: DataConfig, *,
         start_over: bool = False, init_from: checkpoint.Checkpoint | None = None, device: torch.device | None = None,
-        tensorboard: str | Path | None = None,
+        tensorboard: str | Path | None = None, _checked: bool = False,
     ) -> None:
-        """``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data,
+        """``run_dir`` must be new or empty, as ``qkv train --out`` requires (``qkv.io.runs.check_new_run``):
+        a run already there is continued with ``Trainer.resume(run_dir)`` or started over with
+        ``start_over=True``, and a directory holding anything else is refused (QkvError). ``_checked``:
+        the caller has made or checked ``run_dir`` itself (``Trainer.resume``; the demo, which puts its
+        tokenizer there first).
+        ``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data,
         the tokenizer, the TensorBoard writer and the model have been made, so that a setting that fails
         costs the old run nothing; ``self.deleted`` names what went.
         ``device``: where a single process trains (default: the first GPU if there is one, else the
@@ -94,6 +99,11 @@ class Trainer:
         data = resolved_paths(data)  # the run records where its data is, not where it was started from
         self.train_cfg, self.data_cfg = train, data
         self.dist = distributed.current()
+        if not _checked:  # every rank checks before any writes, as qkv train does
+            problem = check_new_run(self.run_dir, overwrite=start_over)
+            if distributed.any_rank([problem is not None], self.dist)[0]:
+                raise QkvError(f"{problem or f'{self.run_dir} was refused by another process'} (in Python: "
+                               "Trainer.resume(run_dir) continues a run, Trainer(..., start_over=True) starts it over)")
         self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
         if train.threads:
             torch.set_num_threads(train.threads)
@@ -206,7 +216,7 @@ class Trainer:
         if distributed.current().is_main:
             restore_tokenizer(Path(run_dir), last)
         trainer = cls(run_dir, ModelConfig.from_dict(config["model"]), train, config_from_dict(DataConfig, config["data"]), device=device,
-                      tensorboard=tensorboard)
+                      tensorboard=tensorboard, _checked=True)
         trainer.inherited = {key: config[key] for key in INHERITED_CONFIGS if key in config}
         check_sources(Path(run_dir), config.get("sources"), trainer.sources)
         loaded = checkpoint.load(last)

@@ -70,7 +70,7 @@ def fresh(dates: tuple[Path, Path], run_dir: Path | None = None, *, cls: type[Tr
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / checkpoint.TOKENIZER).write_bytes((ref_dir / checkpoint.TOKENIZER).read_bytes())
-    return cls(run_dir or ref_dir, *tiny_configs(data, **train))
+    return cls(run_dir or ref_dir, *tiny_configs(data, **train), _checked=True)  # a directory holding the shared tokenizer
 
 
 def grads_and_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -171,7 +171,7 @@ def ddp_worker(data_tsv: str, run_dir: str, out_dir: str) -> None:
 
     ctx = distributed.init_from_env()
     assert ctx.enabled and ctx.world_size == 2
-    trainer = Trainer(run_dir, *tiny_configs(Path(data_tsv), threads=1))  # the tokenizer is in run_dir
+    trainer = Trainer(run_dir, *tiny_configs(Path(data_tsv), threads=1), _checked=True)  # the tokenizer is in run_dir
     batches = trainer.batches(0)
     first, used_first = step_share(batches, 0, rank=ctx.rank, world_size=2, accumulate=1)
     second, used_second = step_share(batches[:5], 2, rank=ctx.rank, world_size=2, accumulate=2)
