@@ -47,3 +47,22 @@ def test_a_checkpoints_decoding_defaults_are_checked(decode):
     with pytest.raises(checkpoint.CheckpointError, match="decode"):
         checkpoint.decode_defaults({"decode": decode})
     assert checkpoint.decode_defaults({}) == {} and checkpoint.decode_defaults({"decode": {"length_penalty": 2}}) == {"length_penalty": 2.0}
+
+
+def test_a_run_on_prepared_data_reads_multi30k_from_qkv_data(random_checkpoint, tmp_path, monkeypatch, capsys):
+    """The data_dir of a run on prepared data is its prepared directory, not a Multi30k one: evaluate used to
+    look for the split there, not in $QKV_DATA as its --help says."""
+    import gzip
+
+    loaded = checkpoint.load(random_checkpoint)
+    data = {"corpus": "prepared", "data_dir": str(tmp_path / "prepared"), "src_lang": "en", "tgt_lang": "de", "languages": "given"}
+    ck = checkpoint.save(tmp_path / "ck", loaded.model, loaded.tokenizer, configs={"data": data})
+    multi30k = tmp_path / "multi30k"
+    multi30k.mkdir()
+    for lang, lines in (("en", ["A dog runs.", "Two children play.", "A red ball."]), ("de", REFS)):
+        (multi30k / f"test_2016_flickr.{lang}.gz").write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
+    monkeypatch.setenv("QKV_DATA", str(multi30k))
+    code = cli.main(["evaluate", "--checkpoint", str(ck), "--split", "test_2016_flickr", "--beam", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.startswith("multi30k-test_2016_flickr-en-de: 3 sentences")
