@@ -72,6 +72,7 @@ class TrainConfig:
 
     max_tokens: int = 4096  # padded tokens per batch, of its longer side (per process, per micro-batch)
     accumulate: int = 1  # micro-batches summed into each optimizer step, per process
+    step_tokens: int = 0  # padded tokens per optimizer step over all processes, reached by accumulation (accumulation()); 0: accumulate as given
     bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 800
@@ -129,6 +130,10 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.average_last < 1 or self.keep_last < self.average_last:
             raise ConfigError("need 1 <= average_last <= keep_last")
+        if self.step_tokens < 0:
+            raise ConfigError(f"step_tokens must be >= 0 (0: accumulate as given), got {self.step_tokens}")
+        if self.step_tokens and self.accumulate != 1:
+            raise ConfigError(f"step_tokens={self.step_tokens} sets the accumulation itself: leave accumulate at 1 (or set step_tokens=0)")
         if self.dropout_bits not in (16, 32):
             raise ConfigError(f"dropout_bits must be 16 or 32, got {self.dropout_bits}")
         if not 0 <= self.cooldown <= 1:
@@ -137,6 +142,12 @@ class TrainConfig:
             raise ConfigError(
                 "cooldown must be < 1 with a time budget: the updates timed to plan the run come before its length is known"
             )
+
+
+    def accumulation(self, world_size: int = 1) -> int:
+        """Micro-batches per optimizer step in each of ``world_size`` processes: enough for ``step_tokens``
+        (ceil(step_tokens / (max_tokens x world_size))), else ``accumulate``."""
+        return math.ceil(self.step_tokens / (self.max_tokens * world_size)) if self.step_tokens else self.accumulate
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,27 @@ TRAIN_PRESETS: dict[str, Preset] = {
         TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
         DataConfig(vocab_size=8000),
         model_overrides=(("norm_first", True), ("dropout", 0.3), ("n_decoder_layers", 1)),
+    ),
+    # The paper's recipes (section 5, table 3), for WMT-sized data and GPUs (docs/training.md): a shared
+    # 37,000-piece vocabulary; about 25,000 source and 25,000 target tokens per update, reached by
+    # accumulation on however many processes there are; Adam (0.9, 0.98, 1e-9); lr = d_model^-0.5 *
+    # min(step^-0.5, step * warmup^-1.5) with 4,000 warm-up steps, which is inverse_sqrt with the peak
+    # (d_model * warmup)^-0.5; no gradient clipping; label smoothing 0.1; dropout 0.1 (base) and 0.3
+    # (big, in the model preset); 100,000 and 300,000 updates; the last 5 and 20 checkpoints averaged
+    # (about the paper's 10-minute intervals on its 8 P100s); beam 4 (validation) and alpha 0.6, not tuned.
+    "paper-base": Preset(
+        "base",
+        TrainConfig(max_tokens=6250, step_tokens=25000, lr=(512 * 4000) ** -0.5, warmup_steps=4000, decay="inverse_sqrt",
+                    clip_norm=0.0, label_smoothing=0.1, max_steps=100_000, eval_every=1400, keep_last=5, average_last=5,
+                    valid_beam=4, tune_length_penalty=False),
+        DataConfig(vocab_size=37000),
+    ),
+    "paper-big": Preset(
+        "big",
+        TrainConfig(max_tokens=6250, step_tokens=25000, lr=(1024 * 4000) ** -0.5, warmup_steps=4000, decay="inverse_sqrt",
+                    clip_norm=0.0, label_smoothing=0.1, max_steps=300_000, eval_every=600, keep_last=20, average_last=20,
+                    valid_beam=4, tune_length_penalty=False),
+        DataConfig(vocab_size=37000),
     ),
 }
 

@@ -105,6 +105,7 @@ class Trainer:
                 raise QkvError(f"{problem or f'{self.run_dir} was refused by another process'} (in Python: "
                                "Trainer.resume(run_dir) continues a run, Trainer(..., start_over=True) starts it over)")
         self.device = self.dist.device if self.dist.enabled else (device or resolve_device("auto"))
+        self.accumulate = train.accumulation(self.dist.world_size)  # micro-batches per optimizer step and process
         if train.threads:
             torch.set_num_threads(train.threads)
         if train.tune_allocator:  # process-wide, from here on (qkv.model.cpu)
@@ -441,7 +442,7 @@ class Trainer:
             event="start", step=self.step, params=self.model.num_parameters(), train_pairs=len(self.train_ids.src_ids),
             valid_pairs=len(self.valid_data), skipped_empty=self.train_data.skipped_empty,
             truncated=self.train_ids.n_truncated, vocab_size=self.tokenizer.vocab_size,
-            world_size=ctx.world_size, accumulate=cfg.accumulate, device=str(self.device), bf16=self.bf16_mode or False,
+            world_size=ctx.world_size, accumulate=self.accumulate, device=str(self.device), bf16=self.bf16_mode or False,
             **({"init_from": self.init_from} if self.init_from else {}),
         )
         bar = show_progress(total=self.end_step(), initial=self.step, enabled=progress and ctx.is_main)
@@ -490,7 +491,7 @@ class Trainer:
             batches = self.batches(self.epoch)
             while self.position < len(batches):
                 mine, used = distributed.step_share(
-                    batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=cfg.accumulate
+                    batches, self.position, rank=ctx.rank, world_size=ctx.world_size, accumulate=self.accumulate
                 )
                 if not used:  # fewer batches left than ranks: this epoch ends here
                     self.position = len(batches)
