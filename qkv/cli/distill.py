@@ -48,6 +48,7 @@ def distill(args: argparse.Namespace) -> int:
     import torch
 
     from qkv.data.corpus import load_multi30k, multi30k_dir, read_lines, read_parallel
+    from qkv.infer.testset import trained_languages
     from qkv.infer.search import DecodeConfig
     from qkv.infer.translator import Translator
     from qkv.io import checkpoint
@@ -79,8 +80,11 @@ def distill(args: argparse.Namespace) -> int:
                 raise QkvError(f"--out {out} overlaps the teacher {named}: choose a directory apart from it")
     lib.refuse_foreign(out)  # before anything is loaded or read
     model, tokenizer = decoding_model(args)  # teachers with different tokenizers: one line, before any work
-    data = checkpoint.read_config(teachers[0]).get("data", {})
-    src_lang, tgt_lang = args.src or data.get("src_lang", "en"), args.tgt or data.get("tgt_lang", "de")
+    known = trained_languages(checkpoint.read_config(teachers[0]))  # None where the teacher does not record one
+    src_lang, tgt_lang = args.src or known[0], args.tgt or known[1]
+    if not args.train_src and not (src_lang and tgt_lang):
+        raise QkvError(f"{args.checkpoint[0]} does not record the languages it translates: give --src and --tgt "
+                       "to distill on Multi30k (or --train-src and --train-tgt)")
 
     # The sets: what the teacher translates (and the original targets), validation, test.
     if args.train_src:

@@ -117,3 +117,10 @@ def test_an_old_run_on_your_files_is_scored_on_any_test_files(random_checkpoint,
         (tmp_path / name).write_text("A dog runs.\n", encoding="utf-8")
     code, out, err = evaluate(capsys, "--checkpoint", ckpt, "--src-file", tmp_path / "test.de", "--ref-file", tmp_path / "test.en", "--beam", 1, "--workers", 1)
     assert code == 0 and "BLEU" in out, err
+
+
+def test_distill_on_multi30k_asks_for_the_languages_a_teacher_does_not_record(random_checkpoint, tmp_path, capsys):
+    teacher = saved(random_checkpoint, tmp_path / "teacher", {k: v for k, v in FILES.items() if k != "languages"})  # an old run on files
+    code = cli.main(["distill", "--teacher", str(teacher), "--out", str(tmp_path / "d"), "--data-dir", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "does not record the languages it translates: give --src and --tgt" in err
