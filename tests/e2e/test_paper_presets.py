@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from qkv.infer.search import DecodeConfig
 from qkv.model.config import ConfigError
 from qkv.model.transformer import Transformer
 from qkv.train.recipes import build_configs
@@ -18,8 +19,8 @@ from qkv.train.schedule import inverse_sqrt_lr
 from qkv.train.trainer import Trainer
 
 PAPER = {  # table 3 and section 5
-    "paper-base": {"model": "base", "d_model": 512, "d_ff": 2048, "heads": 8, "dropout": 0.1, "steps": 100_000, "average": 5, "params": 65e6},
-    "paper-big": {"model": "big", "d_model": 1024, "d_ff": 4096, "heads": 16, "dropout": 0.3, "steps": 300_000, "average": 20, "params": 213e6},
+    "paper-base": {"model": "base", "d_model": 512, "d_ff": 2048, "heads": 8, "dropout": 0.1, "steps": 100_000, "average": 5, "every": 1400, "params": 65e6},
+    "paper-big": {"model": "big", "d_model": 1024, "d_ff": 4096, "heads": 16, "dropout": 0.3, "steps": 300_000, "average": 20, "every": 600, "params": 213e6},
 }
 
 
@@ -32,7 +33,10 @@ def test_the_paper_presets_hold_section_5s_recipe(preset):
     assert data.vocab_size == 37000  # one vocabulary shared by both sides
     assert (train.beta1, train.beta2, train.eps, train.label_smoothing, train.clip_norm) == (0.9, 0.98, 1e-9, 0.1, 0.0)
     assert (train.max_steps, train.average_last, train.keep_last, train.warmup_steps) == (paper["steps"], paper["average"], paper["average"], 4000)
-    assert (train.valid_beam, train.tune_length_penalty, train.decay) == (4, False, "inverse_sqrt")  # beam 4, alpha 0.6 (DecodeConfig's)
+    assert (train.valid_beam, train.tune_length_penalty, train.decay) == (4, False, "inverse_sqrt")  # beam 4, alpha 0.6 untuned:
+    assert DecodeConfig().length_penalty == 0.6  # what a final/ without a tuned penalty is searched with
+    assert train.eval_every == paper["every"]  # about 10 minutes at the paper's pace: 100,000 updates in 12 h, 300,000 in 3.5 days
+    assert round(paper["steps"] / (12 if preset == "paper-base" else 84) / 6, -2) == paper["every"]
     for step in (1, 10, 1000, 3999, 4000, 4001, 50_000, paper["steps"]):  # lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
         paper_lr = paper["d_model"] ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
         assert inverse_sqrt_lr(step, peak=train.lr, warmup=train.warmup_steps) == pytest.approx(paper_lr, rel=1e-12)
