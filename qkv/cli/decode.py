@@ -7,6 +7,7 @@ import sys
 
 from qkv.errors import QkvError
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
+from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.common import (
     decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, shortlist_arg, workers_arg, command,
 )
@@ -28,6 +29,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="with --sampling: a sentence's sample repeats under the same seed")
     p.add_argument("--trace", metavar="TRACE", help="also write the beam search of the --input file's first line, step by step: TRACE.png, .html, .json")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
+    confidence_arg(p, "after each translation, whether to trust it")
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
@@ -48,9 +50,12 @@ def translate(args: argparse.Namespace) -> int:
         raise QkvError("--trace traces the first line of --input FILE: give one")
     for path in trace_paths(args.trace):
         check_output(path, force=args.force, inputs=(args.input,), reads=reads)
+    if args.confidence and (args.n_best > 1 or args.sampling):
+        raise QkvError("--confidence judges the one translation of each line: not with --n-best or --sampling")
     model, tokenizer = decoding_model(args)
     translator = Translator(model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                             workers=args.workers, shortlist=decoding_shortlist(args, model))
+    annotate = annotator(args, model, tokenizer) if args.confidence else None
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
@@ -65,7 +70,7 @@ def translate(args: argparse.Namespace) -> int:
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,), reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
-        translate_stream(translator, source, sink, name=name, n_best=args.n_best)
+        translate_stream(translator, source, sink, name=name, n_best=args.n_best, annotate=annotate)
     return 0
 
 

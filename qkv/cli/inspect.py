@@ -89,6 +89,9 @@ def _score_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", action="store_true", help="also each target token's log-probability, and the tokens")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p.add_argument("--confidence", action="store_true",
+                   help="instead of the scores, whether to trust each given translation (from qkv, another engine or a "
+                        "person): one JSON object a line with confidence, flags, features and per-word marks (docs/trust.md)")
 
 
 @command("score", "forced decoding: the model's log-probability of given translations, and perplexity", _score_args)
@@ -103,6 +106,17 @@ def score_command(args: argparse.Namespace) -> int:
         check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
     pairs = read_parallel(args.input, args.reference, keep_empty=True)  # line N in is line N out
+    if args.confidence:
+        from qkv.inspect.trust import assess, calibration_of
+
+        if args.tokens:
+            raise QkvError("--tokens goes with the scores, not with --confidence (its JSON has per-word marks)")
+        trusts = assess(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, calibration=calibration_of(loaded.path))
+        with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
+            sink.writelines(json.dumps(t.to_json(), ensure_ascii=False) + "\n" for t in trusts)
+        flagged = sum(bool(t.flags) for t in trusts)
+        print(f"judged {len(trusts)} pairs: {flagged} flagged", file=sys.stderr)
+        return 0
     scores = score_pairs(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, max_tokens=args.batch_tokens)
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(s.line(tokens=args.tokens) + "\n" for s in scores)

@@ -19,10 +19,11 @@ from qkv.cli import inspect as cli_inspect
 from qkv.cli import interop as cli_interop
 from qkv.cli import serve as cli_serve
 from qkv.cli import train as cli_train  # noqa: F401
+from qkv.cli import trust as cli_trust  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
-ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "shortlist", "average", "serve", "export", "import",
+ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "calibrate", "shortlist", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,22 +193,24 @@ class Translator:
 STREAM_LINES = 1024
 
 
-def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1, lines: int | None = None) -> None:
+def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1, lines: int | None = None,
+                     annotate: Callable[[list[str], list[str]], list[str]] | None = None) -> None:
     """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
 
     Interactive input is answered line by line; files and pipes are translated ``lines`` (default
     ``STREAM_LINES``, 1,024) lines at a time. With ``n_best`` > 1 each line holds the N best,
-    tab-separated with their scores.
+    tab-separated with their scores. ``annotate``: given the sources and their translations, the output
+    lines to write instead of the translations (``qkv translate --confidence``; with ``n_best`` 1).
     """
     chunk = 1 if getattr(source, "isatty", lambda: False)() else lines or STREAM_LINES
     buffer: list[str] = []
     for line in input_lines(source, name):
         buffer.append(line)
         if len(buffer) >= chunk:
-            _write_translations(translator, buffer, sink, n_best)
+            _write_translations(translator, buffer, sink, n_best, annotate)
             buffer = []
     if buffer:
-        _write_translations(translator, buffer, sink, n_best)
+        _write_translations(translator, buffer, sink, n_best, annotate)
 
 
 def input_lines(source, name: str) -> Iterator[str]:
@@ -227,8 +229,14 @@ def input_lines(source, name: str) -> Iterator[str]:
         yield line.removesuffix("\n").removesuffix("\r")
 
 
-def _write_translations(translator: Translator, lines: list[str], sink, n_best: int) -> None:
-    for nbest in translator.translate_nbest(lines):
+def _write_translations(translator: Translator, lines: list[str], sink, n_best: int, annotate=None) -> None:
+    results = translator.translate_nbest(lines)
+    if annotate is not None:
+        firsts = [" ".join(nbest[0].text.splitlines()) for nbest in results]
+        sink.writelines(line + "\n" for line in annotate(lines, firsts))
+        sink.flush()
+        return
+    for nbest in results:
         texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
         if n_best == 1:
             sink.write(texts[0] + "\n")

@@ -8,8 +8,9 @@ A checkpoint directory holds
 and, for checkpoints a run can resume from,
     trainer.safetensors  optimizer moments and the torch RNG states (CPU and CUDA)
     trainer.json         step, epoch, position in the epoch, schedule, Python/NumPy RNG states, metrics
-and, once ``qkv shortlist`` has added it,
+and, once ``qkv shortlist`` or ``qkv calibrate`` has added it,
     shortlist.safetensors  a vocabulary shortlist for decoding (``add_file``)
+    confidence.json      the trust calibration: the confidence's weights and the flags' thresholds
 and last
     manifest.json        every other file's size and SHA-256
 

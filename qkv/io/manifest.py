@@ -22,10 +22,11 @@ FORMAT_VERSION = 1
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.model"
 TRAINER_TENSORS, TRAINER_JSON = "trainer.safetensors", "trainer.json"
 SHORTLIST = "shortlist.safetensors"  # optional: a vocabulary shortlist for decoding (qkv.infer.shortlist)
+CONFIDENCE = "confidence.json"  # optional: the model's trust calibration (qkv calibrate; qkv.inspect.trust)
 MANIFEST = "manifest.json"
 MARKER = ".qkv-save"  # inside NAME.tmp/ and NAME.old/ while qkv writes or replaces NAME: proof they are qkv's
 REQUIRED = (WEIGHTS, CONFIG, TOKENIZER)
-FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, SHORTLIST, MANIFEST))  # all a checkpoint may hold
+FILES = frozenset((*REQUIRED, TRAINER_TENSORS, TRAINER_JSON, SHORTLIST, CONFIDENCE, MANIFEST))  # all a checkpoint may hold
 MAX_MANIFEST_BYTES = 1 << 20
 
 

@@ -36,12 +36,14 @@ def test_a_ci_sized_demo_learns_far_above_chance_and_draws_its_attention(tmp_pat
              "le 14 juillet 1989": ("1989-07-14", "juillet"), "3. Oktober 1990": ("1990-10-03", "Oktober")}
     for sentence, (iso_date, month) in cases.items():
         assert field_alignment(result.run_dir / "final", sentence, iso_date)[iso_date[5:7]] == month, sentence
-    # The same through `qkv align --pieces`: each of the month's digits aligns with the month's name.
+    # The same through `qkv align --pieces`, reading what the picture shows (the last layer's weights where
+    # each piece is predicted): each of the month's digits aligns with the month's name.
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("".join(s + "\n" for s in cases), encoding="utf-8")
     ref.write_text("".join(iso + "\n" for iso, _ in cases.values()), encoding="utf-8")
     aligned = subprocess.run([sys.executable, "-m", "qkv", "align", "--checkpoint", str(result.run_dir / "final"),
-                              "-i", str(src), "-r", str(ref), "--pieces"], capture_output=True, text=True, timeout=120)  # fmt: skip
+                              "-i", str(src), "-r", str(ref), "--pieces", "--method", "attention", "--read", "predict",
+                              "--layer", "-1"], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert aligned.returncode == 0, aligned.stderr
     tok = checkpoint.load(result.run_dir / "final").tokenizer
     lines = aligned.stdout.splitlines()

@@ -1,0 +1,219 @@
+"""Whether to trust a translation: signals from the model's own internals, one confidence, and flags.
+
+For each (source, translation) pair, one teacher-forced pass of the model that translates
+(``qkv.inspect.contributions``) gives, per target token, its probability and its *source share*
+(ALTI+: how much of the prediction comes from the source rather than from the target prefix). From
+those and the two texts, per sentence (``FEATURES``):
+
+- ``logprob_mean``, ``logprob_min``, ``logprob_std``: the tokens' log-probabilities (EOS included);
+- ``source_mean``, ``source_min``: the source share, the mean over tokens and the lowest mean of
+  three consecutive tokens (a detached stretch);
+- ``unused``: the fraction of source words that no target token used: a word is used when, for
+  some target token, its share of that token's source part is at least ``USED`` of the uniform share;
+- ``repeats``: the most consecutive repeats of one n-gram of words (n = 1 to 4) in the translation;
+- ``copy``: character F-score (chrF) of the translation against its own source, in [0, 1];
+- ``length_ratio``: log of (translation words + 1) / (source words + 1).
+
+The ``confidence`` in [0, 1] is a logistic regression over these features (standardised), fitted on
+validation pairs with exact labels (``qkv calibrate``: the references against detached, partly
+detached, looping, copied and truncated versions of them); the flags are thresholds on single
+features, chosen on the same pairs. A checkpoint's own calibration lives in its ``confidence.json``;
+without one, ``DEFAULT_CALIBRATION`` (fitted on the README's En->De model, docs/trust.md) is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from qkv.data.corpus import collate
+from qkv.errors import QkvError
+from qkv.io.manifest import CONFIDENCE
+from qkv.inspect.contributions import contributions
+from qkv.inspect.visualize import group_words
+from qkv.model.transformer import Transformer
+
+FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
+            "length_ratio")
+FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
+USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
+WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
+
+# Fitted by `qkv calibrate` on the README's En->De model (docs/trust.md gives the command and data).
+DEFAULT_CALIBRATION: dict = {
+    "features": list(FEATURES),
+    "mean": [-0.6, -3.5, 0.9, 0.55, 0.45, 0.1, 1.0, 0.25, 0.1],
+    "std": [0.4, 1.5, 0.4, 0.1, 0.12, 0.12, 0.5, 0.12, 0.2],
+    "weights": [1.0, 0.5, -0.3, 1.0, 0.8, -0.6, -0.8, -0.8, 0.0],
+    "bias": 0.0,
+    "thresholds": {"detached": 0.35, "partly-detached": 0.25, "repetition": 3.0, "copy": 0.7, "omission": 0.34},
+    "fitted_on": "defaults (not fitted)",
+}
+
+
+@dataclass
+class Trust:
+    """One pair's verdict: ``confidence`` (higher is more trustworthy), ``flags`` (names from FLAGS),
+    the ``features``, the source words no target token used (``unused_words``, 0-based word
+    indices), and per target word its lowest token probability and source share (``words``) with
+    ``marked`` true where either collapses."""
+
+    confidence: float
+    flags: list[str]
+    features: dict[str, float]
+    unused_words: list[int] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)
+
+    def to_json(self, *, words: bool = True) -> dict:
+        out = {"confidence": round(self.confidence, 4), "flags": self.flags,
+               "features": {k: round(v, 4) for k, v in self.features.items()}, "unused_source_words": self.unused_words}
+        if words:
+            out["words"] = self.words
+        return out
+
+
+def max_repeats(words: list[str], max_n: int = 4) -> int:
+    """The most times one n-gram (n <= ``max_n``) occurs back to back: "a b a b a b" -> 3."""
+    best = 1 if words else 0
+    lowered = [w.lower() for w in words]
+    for n in range(1, max_n + 1):
+        for start in range(len(lowered) - n):
+            count, i = 1, start + n
+            while lowered[i : i + n] == lowered[start : start + n] and i + n <= len(lowered):
+                count, i = count + 1, i + n
+            best = max(best, count)
+    return best
+
+
+def copy_score(source: str, translation: str) -> float:
+    """chrF (sacreBLEU's, in [0, 1]) of the translation against the source itself."""
+    from sacrebleu.metrics import CHRF
+
+    if not source.strip() or not translation.strip():
+        return 0.0
+    return CHRF().sentence_score(translation, [source]).score / 100
+
+
+def load_calibration(path: str | Path | None) -> dict:
+    """A calibration file's contents (``confidence.json``), checked; None: ``DEFAULT_CALIBRATION``."""
+    if path is None:
+        return DEFAULT_CALIBRATION
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise QkvError(f"{path}: not a readable calibration ({error})") from None
+    check_calibration(data, str(path))
+    return data
+
+
+def calibration_of(directory: Path) -> dict:
+    """A checkpoint's own calibration (its ``confidence.json``, verified with the rest of the checkpoint
+    when it was loaded), else ``DEFAULT_CALIBRATION``."""
+    path = Path(directory) / CONFIDENCE
+    return load_calibration(path) if path.is_file() else DEFAULT_CALIBRATION
+
+
+def check_calibration(data: object, name: str) -> None:
+    n = len(FEATURES)
+    ok = (isinstance(data, dict) and data.get("features") == list(FEATURES)
+          and all(isinstance(data.get(k), list) and len(data[k]) == n and all(isinstance(x, (int, float)) and math.isfinite(x) for x in data[k])
+                  for k in ("mean", "std", "weights"))
+          and all(x > 0 for x in data["std"]) and isinstance(data.get("bias"), (int, float)) and math.isfinite(data["bias"])
+          and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) == set(FLAGS)
+          and all(v is None or isinstance(v, (int, float)) and math.isfinite(v) for v in data["thresholds"].values()))
+    if not ok:
+        raise QkvError(f"{name}: not a calibration of these features ({', '.join(FEATURES)}): run qkv calibrate again")
+
+
+def confidence_of(features: dict[str, float], calibration: dict) -> float:
+    z = calibration["bias"] + sum(
+        w * (features[k] - m) / s
+        for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
+    return 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def flags_of(features: dict[str, float], thresholds: dict[str, float | None]) -> list[str]:
+    """The flags whose feature crosses its threshold (a None threshold never flags: calibration found
+    no cut that flags more of its kind than of the correct pairs)."""
+    def below(flag: str, feature: str) -> bool:
+        return thresholds[flag] is not None and features[feature] < thresholds[flag]
+
+    def above(flag: str, feature: str) -> bool:
+        return thresholds[flag] is not None and features[feature] >= thresholds[flag]
+
+    flags = []
+    if below("detached", "source_mean"):
+        flags.append("detached")
+    elif below("partly-detached", "source_min"):
+        flags.append("partly-detached")
+    flags += [flag for flag, feature in (("repetition", "repeats"), ("copy", "copy"), ("omission", "unused"))
+              if above(flag, feature)]
+    return flags
+
+
+def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], share: torch.Tensor,
+              source_rows: torch.Tensor, source: str, translation: str, calibration: dict) -> Trust:
+    """One pair. share (T,): each target token's source share; source_rows (T, S): its source part."""
+    lp = torch.tensor(log_probs, dtype=torch.float64)
+    window = share.unfold(0, 3, 1).mean(-1) if share.numel() >= 3 else share  # three tokens at a time
+    src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
+    normalised = source_rows / source_rows.sum(-1, keepdim=True).clamp(min=1e-12)  # (T, S): over the source
+    used = [float(normalised[:, cols].sum(-1).max()) * len(src_words) >= USED for cols in src_words]
+    unused = [j for j, u in enumerate(used) if not u]
+    src_n, tgt_words = len(source.split()), translation.split()
+    features = {
+        "logprob_mean": float(lp.mean()), "logprob_min": float(lp.min()),
+        "logprob_std": float(lp.std(unbiased=False)),
+        "source_mean": float(share.mean()), "source_min": float(window.min()),
+        "unused": len(unused) / max(1, len(src_words)),
+        "repeats": float(max_repeats(tgt_words)), "copy": copy_score(source, translation),
+        "length_ratio": math.log((len(tgt_words) + 1) / (src_n + 1)),
+    }
+    words = []
+    for word, rows in group_words(tgt_pieces):
+        if word == "</s>":
+            continue
+        prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(float(share[r]) for r in rows)
+        words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
+                      "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
+    return Trust(confidence_of(features, calibration), flags_of(features, calibration["thresholds"]), features, unused, words)
+
+
+@torch.inference_mode()
+def assess(
+    model: Transformer, tokenizer, sources: list[str], translations: list[str], *, calibration: dict | None = None,
+    max_tokens: int = 2048,
+) -> list[Trust]:
+    """A ``Trust`` for each (source, translation) pair, in input order: one teacher-forced pass with
+    contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit."""
+    from qkv.infer.translator import length_batches
+
+    if len(sources) != len(translations):
+        raise QkvError(f"{len(sources)} sources but {len(translations)} translations")
+    calibration = calibration or DEFAULT_CALIBRATION
+    model.eval()
+    limit = model.config.max_len - 1
+    src_ids = [tokenizer.encode(s)[:limit] for s in sources]
+    tgt_ids = [tokenizer.encode_target(t)[:limit] for t in translations]
+    results: list[Trust | None] = [None] * len(sources)
+    lengths = [max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)]
+    for batch in length_batches(lengths, max_tokens=max_tokens, max_sentences=128):
+        src, tgt_in, tgt_out = (t.to(model.device) for t in collate(
+            [src_ids[i] for i in batch], [tgt_ids[i] for i in batch],
+            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+        ))  # (B, S), (B, T), (B, T)
+        found = contributions(model, src, tgt_in)
+        log_probs = model.generator(found.hidden).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
+        S = src.size(1)
+        source_part = found.alti[-1][..., :S].double()  # (B, T, S)
+        for b, i in enumerate(batch):
+            n_src, n_tgt = len(src_ids[i]) + 1, len(tgt_ids[i]) + 1  # with EOS
+            rows = source_part[b, :n_tgt, :n_src]
+            results[i] = _sentence(
+                tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
+                log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, sources[i], translations[i], calibration)
+    return results  # type: ignore[return-value]

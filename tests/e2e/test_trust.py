@@ -1,0 +1,145 @@
+"""Trust (qkv.inspect.trust, qkv.inspect.calibrate): the signals, the calibration, and --confidence on
+translate, score and calibrate through the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.data.tokenizer import Tokenizer
+from qkv.errors import QkvError
+from qkv.inspect.calibrate import KINDS, fit, precision_at_recall, roc_auc, synthetic_pairs
+from qkv.inspect.trust import FEATURES, Trust, assess, calibration_of, copy_score, flags_of, load_calibration, max_repeats
+from qkv.io import checkpoint
+from qkv.model.config import model_preset
+from qkv.model.transformer import Transformer
+
+SOURCES = ["a man rides a red bike", "two dogs play in the snow", "a woman reads a book", "children run on the beach"]
+REFERENCES = ["ein Mann fährt ein rotes Rad", "zwei Hunde spielen im Schnee", "eine Frau liest ein Buch",
+              "Kinder rennen am Strand"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("trust")
+    tokenizer = Tokenizer.train((SOURCES + REFERENCES) * 5, 80, directory / "tok.model")
+    torch.manual_seed(0)
+    config = model_preset("tiny", src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+    return checkpoint.save(directory / "model", Transformer(config), tokenizer)
+
+
+def test_repeats_copies_and_the_measures_on_hand_made_cases():
+    assert max_repeats("a b a b a b c".split()) == 3
+    assert max_repeats("the dog the cat".split()) == 1
+    assert max_repeats("Hund hund HUND".split()) == 3  # case does not hide a loop
+    assert max_repeats([]) == 0
+    assert copy_score("a red bike", "a red bike") == 1.0 and copy_score("a red bike", "ein rotes Rad") < 0.3
+    assert roc_auc([3, 2], [1, 0]) == 1.0 and roc_auc([1, 0], [3, 2]) == 0.0
+    assert roc_auc([1, 1], [1, 1]) == 0.5  # ties count half
+    # 90% recall of 10 positives needs the 9 highest: the threshold 2 also flags one negative of 3
+    assert precision_at_recall([10, 9, 8, 7, 6, 5, 4, 3, 2, 1], [2, 1.5, 0]) == 9 / 10
+
+
+def test_synthetic_pairs_have_every_kind_and_the_construction_they_name():
+    made = synthetic_pairs(SOURCES, REFERENCES)
+    assert [k for k, _, _ in made[:6]] == list(KINDS) and len(made) == 6 * len(SOURCES)
+    by_kind = {k: [(s, t) for kind, s, t in made if kind == k] for k in KINDS}
+    assert by_kind["correct"] == list(zip(SOURCES, REFERENCES))
+    assert all(t not in REFERENCES[i : i + 1] and t in REFERENCES for i, (_, t) in enumerate(by_kind["detached"]))
+    assert all(s == t for s, t in by_kind["copy"])
+    assert all(max_repeats(t.split()) >= 4 for _, t in by_kind["oscillation"])
+    assert all(len(t.split()) == len(r.split()) // 2 for (_, t), r in zip(by_kind["omission"], REFERENCES))
+
+
+def _trust(**features) -> Trust:
+    return Trust(0.5, [], {f: features.get(f, 0.0) for f in FEATURES})
+
+
+def test_fit_chooses_each_threshold_between_the_kinds_and_a_confidence_that_ranks_correct_first():
+    kinds = [k for k in KINDS for _ in range(20)]
+    trusts = []
+    for i, kind in enumerate(kinds):
+        noise = (i % 7) / 100
+        trusts.append(_trust(
+            source_mean=0.2 + noise if kind == "detached" else 0.6 + noise,
+            source_min=0.1 + noise if kind == "partly-detached" else 0.5 + noise,
+            repeats=5.0 if kind == "oscillation" else 1.0, copy=0.95 if kind == "copy" else 0.2 + noise,
+            unused=0.5 if kind == "omission" else noise, logprob_mean=-0.5 - noise))
+    calibration = fit(trusts, kinds, name="hand-made")
+    for trust, kind in zip(trusts, kinds):
+        expected = {"correct": [], "detached": ["detached"], "partly-detached": ["partly-detached"],
+                    "oscillation": ["repetition"], "copy": ["copy"], "omission": ["omission"]}[kind]
+        assert flags_of(trust.features, calibration["thresholds"]) == expected, kind
+    from qkv.inspect.trust import confidence_of
+
+    scores = {k: [confidence_of(t.features, calibration) for t, kk in zip(trusts, kinds) if kk == k] for k in KINDS}
+    assert min(scores["correct"]) > max(max(v) for k, v in scores.items() if k != "correct")
+
+
+def test_a_broken_calibration_file_is_one_line(tmp_path):
+    path = tmp_path / "confidence.json"
+    path.write_text(json.dumps({"features": ["logprob_mean"], "mean": [0], "std": [1], "weights": [1], "bias": 0}))
+    with pytest.raises(QkvError, match="not a calibration of these features"):
+        load_calibration(path)
+    path.write_text("{")
+    with pytest.raises(QkvError, match="not a readable calibration"):
+        load_calibration(path)
+
+
+def test_assess_is_batch_invariant_and_marks_copies_and_loops(model_dir):
+    loaded = checkpoint.load(model_dir)
+    targets = [REFERENCES[0], "zwei Hunde Hunde Hunde Hunde", SOURCES[2], ""]
+    together = assess(loaded.model, loaded.tokenizer, SOURCES, targets)
+    alone = [assess(loaded.model, loaded.tokenizer, [s], [t])[0] for s, t in zip(SOURCES, targets)]
+    for a, b in zip(together, alone):
+        assert a.features == pytest.approx(b.features, abs=1e-5) and a.flags == b.flags
+    assert "repetition" in together[1].flags and "copy" in together[2].flags
+    assert [w["word"] for w in together[0].words] == REFERENCES[0].split()
+    assert all(0 <= t.confidence <= 1 and math.isfinite(t.confidence) for t in together)
+    assert together[3].words == []  # an empty translation has no words, and no crash
+
+
+def qkv(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, monkeypatch):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+    ref.write_text("".join(r + "\n" for r in [REFERENCES[0], "zwei Hunde Hunde Hunde Hunde", SOURCES[2], REFERENCES[3]]), encoding="utf-8")
+    result = qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "--beam", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(SOURCES) and all(len(line.split("\t")) == 3 for line in lines)
+    assert all(0 <= float(line.split("\t")[1]) <= 1 for line in lines)
+    result = qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "json", "--beam", "2", cwd=tmp_path)
+    objects = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [o["translation"] for o in objects] == [line.split("\t")[0] for line in lines]
+    assert {"confidence", "flags", "features", "words", "unused_source_words"} <= set(objects[0])
+
+    result = qkv("score", "--checkpoint", model_dir, "-i", src, "-r", ref, "--confidence", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    judged = [json.loads(line) for line in result.stdout.splitlines()]
+    assert "repetition" in judged[1]["flags"] and "copy" in judged[2]["flags"]
+
+    valid_src, valid_tgt = tmp_path / "valid.en", tmp_path / "valid.de"
+    valid_src.write_text("".join(s + "\n" for s in SOURCES * 3), encoding="utf-8")
+    valid_tgt.write_text("".join(r + "\n" for r in REFERENCES * 3), encoding="utf-8")
+    run = lambda *a: qkv("calibrate", "--checkpoint", model_dir, "--valid-src", valid_src, "--valid-tgt", valid_tgt, *a, cwd=tmp_path)  # noqa: E731
+    result = run()
+    assert result.returncode == 0, result.stderr
+    calibration = calibration_of(model_dir)
+    assert calibration["fitted_on"].startswith("72 pairs from")
+    checkpoint.load(model_dir)  # the manifest covers the new file
+    assert "already holds confidence.json: give --force" in run().stderr
+    result = qkv("score", "--checkpoint", model_dir, "-i", src, "-r", ref, "--confidence", cwd=tmp_path)
+    loaded = checkpoint.load(model_dir)
+    expected = assess(loaded.model, loaded.tokenizer, SOURCES, ref.read_text(encoding="utf-8").splitlines(), calibration=calibration)
+    assert [json.loads(line)["confidence"] for line in result.stdout.splitlines()] == [round(t.confidence, 4) for t in expected]
+    assert "not with --n-best" in qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "--n-best", "2", cwd=tmp_path).stderr
