@@ -143,3 +143,27 @@ def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, m
     expected = assess(loaded.model, loaded.tokenizer, SOURCES, ref.read_text(encoding="utf-8").splitlines(), calibration=calibration)
     assert [json.loads(line)["confidence"] for line in result.stdout.splitlines()] == [round(t.confidence, 4) for t in expected]
     assert "not with --n-best" in qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "--n-best", "2", cwd=tmp_path).stderr
+
+
+def test_contributions_sum_back_on_a_trained_model(tiny_run):
+    """On weights a training made (the tiny preset's run), every block's parts still sum to its output."""
+    from qkv.data.corpus import collate
+    from qkv.inspect.contributions import decompose
+
+    loaded = checkpoint.load(tiny_run / "final")
+    model, tok = loaded.model.double().eval(), loaded.tokenizer
+    src, tgt_in, _ = collate([tok.encode(s) for s in SOURCES], [tok.encode_target(r) for r in REFERENCES],
+                             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    memory, src_mask, _ = model.encode(src)
+    x = model._embed(model.src_embed, src)
+    for layer in model.encoder_layers:
+        block = decompose(layer.attn_sublayer, layer.self_attn, x, key_mask=src_mask)
+        torch.testing.assert_close(block.parts.sum(2) + block.bias, block.output, atol=1e-10, rtol=0)
+        x, _ = layer(x, src_mask)
+    y = model._embed(model.tgt_embed, tgt_in)
+    for layer in model.decoder_layers:
+        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
+        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask)
+        for b in (block, cross):
+            torch.testing.assert_close(b.parts.sum(2) + b.bias, b.output, atol=1e-10, rtol=0)
+        y, _, _ = layer(y, memory, src_mask)
