@@ -135,10 +135,9 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=["attention", "norm", "alti"], default="norm",
                    help="what aligns: the cross-attention weights, the norms of what each source token adds "
                         "(default), or ALTI+ contributions rolled out through the model")
-    p.add_argument("--read", choices=["input", "predict"], default="input",
-                   help="read a target word where it is the decoder's input (default) or where it is predicted")
-    p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the one below the last; "
-                                              "the last for a one-layer decoder)")
+    p.add_argument("--read", choices=["input", "predict"], default="predict",
+                   help="read a target word where it is predicted (default) or where it is the decoder's input")
+    p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the middle one, n // 2 of n; 1 of 1)")
     p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads; not with --method alti)")
     p.add_argument("--pieces", action="store_true", help="align subword pieces (indices of the SentencePiece pieces, "
                                                         "EOS left out) instead of whitespace words")

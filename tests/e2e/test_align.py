@@ -94,19 +94,20 @@ def test_every_method_reads_the_input_row_and_is_batch_invariant(model_dir, meth
             for attention in {layer.self_attn, getattr(layer, "cross_attn", layer.self_attn)}:
                 attention.in_proj.weight.mul_(4.0)
     targets = ["ein Mann fährt ein rotes Rad", "zwei Hunde spielen", "eine Frau liest", "Kinder rennen"]
-    batched = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, max_tokens=1000)
-    alone = [align(loaded.model, loaded.tokenizer, [s], [t], method=method)[0] for s, t in zip(SENTENCES, targets)]
+    batched = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, max_tokens=1000, row="input", layer=-2)
+    alone = [align(loaded.model, loaded.tokenizer, [s], [t], method=method, row="input", layer=-2)[0]
+             for s, t in zip(SENTENCES, targets)]
     assert batched == alone
     if method == "attention":
         shifted = []
         for s, t in zip(SENTENCES, targets):
             src_ids, tgt_ids = loaded.tokenizer.encode(s), loaded.tokenizer.encode_target(t)
             capture = attention_of(loaded.model, loaded.tokenizer, s, src_ids, tgt_ids)
-            w = capture.cross[-2].mean(dim=0)  # (T, S): the default layer, the one below the last
+            w = capture.cross[-2].mean(dim=0)  # (T, S): the layer below the last
             w = torch.cat([w[1:], torch.zeros_like(w[:1])])  # target piece t read at row t + 1
             shifted.append([(i, j) for i, j, _ in align_words(w, capture.src_tokens, capture.tgt_tokens)])
         assert batched == shifted
-        predict = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, row="predict")
+        predict = align(loaded.model, loaded.tokenizer, SENTENCES, targets, method=method, row="predict", layer=-2)
         assert predict != batched  # the two readings differ on this model
 
 
