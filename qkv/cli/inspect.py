@@ -101,7 +101,9 @@ def score_command(args: argparse.Namespace) -> int:
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
     from qkv.infer.score import perplexity, score_pairs
 
-    inputs, reads = (args.input, args.reference), read_dirs([args.checkpoint])
+    if args.gold and (not args.reference or args.pieces):  # gold links are words of the given references
+        raise QkvError("--gold scores word alignments of the references it annotates: give -r, and not --pieces")
+    inputs, reads = (args.input, args.reference, args.gold), read_dirs([args.checkpoint])
     if args.output:
         check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
@@ -149,11 +151,13 @@ def _align_args(p: argparse.ArgumentParser) -> None:
 @command("align", "word alignments (cross-attention weights, value norms or ALTI+), one line per sentence pair, in the Pharaoh format", _align_args)
 def align_command(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
-    from qkv.inspect.align import align, alignment_error_rate, pharaoh, read_gold
+    from qkv.inspect.align import align, alignment_error_rate, check_gold, pharaoh, read_gold
     from qkv.data.corpus import read_lines, read_parallel
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
 
-    inputs, reads = (args.input, args.reference), read_dirs([args.checkpoint])
+    if args.gold and (not args.reference or args.pieces):  # gold links are words of the given references
+        raise QkvError("--gold scores word alignments of the references it annotates: give -r, and not --pieces")
+    inputs, reads = (args.input, args.reference, args.gold), read_dirs([args.checkpoint])
     if args.output:
         check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
@@ -170,6 +174,8 @@ def align_command(args: argparse.Namespace) -> int:
     gold = read_gold(args.gold) if args.gold else None  # a malformed gold file fails before the work
     if gold is not None and len(gold) != len(sources):
         raise QkvError(f"--gold has {len(gold)} lines but --input {len(sources)}: one gold line per pair")
+    if gold is not None:
+        check_gold(gold, sources, targets, args.gold)
     layer = None if args.layer is None else args.layer - 1 if args.layer > 0 else args.layer
     alignments = align(
         loaded.model, loaded.tokenizer, sources, targets, layer=layer, method=args.method, row=args.read,

@@ -26,6 +26,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.data.corpus import collate
+from qkv.data.lines import lines
 from qkv.infer.search import DecodeConfig
 from qkv.model.transformer import Transformer
 from qkv.data.text_tokenizer import TextTokenizer
@@ -123,23 +124,35 @@ def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method:
 
 def read_gold(path: str | Path) -> list[tuple[set[tuple[int, int]], set[tuple[int, int]]]]:
     """A gold alignment file: one line a pair, ``i-j`` sure and ``ipj`` possible links, 1-based, source
-    index first (the Hansards format). Returns (sure, possible) sets of 0-based pairs, possible including sure."""
+    index first (the Hansards format). Returns (sure, possible) sets of 0-based pairs, possible including sure.
+    Read as every corpus is (``qkv.data.lines``): UTF-8, split on ``\n`` only, a blank line a pair without links."""
     gold = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines(path), 1):
         sure, possible = set(), set()
         for link in line.split():
             kind = "p" if "p" in link else "-"
-            try:
-                i, j = (int(x) for x in link.split(kind))
-            except ValueError:
-                raise QkvError(f"{path}, line {n}: {link!r} is not a link i-j or ipj") from None
+            shown = repr(link) if len(link) <= 40 else repr(link[:40]) + "..."
+            parts = link.split(kind)
+            if len(parts) != 2 or not all(x.isascii() and x.isdigit() and len(x) <= 9 for x in parts):
+                raise QkvError(f"{path}, line {n}: {shown} is not a link i-j or ipj (1-based word indices)")
+            i, j = int(parts[0]), int(parts[1])
             if i < 1 or j < 1:
-                raise QkvError(f"{path}, line {n}: {link!r}: indices are 1-based")
+                raise QkvError(f"{path}, line {n}: {shown}: indices are 1-based")
             possible.add((i - 1, j - 1))
             if kind == "-":
                 sure.add((i - 1, j - 1))
         gold.append((sure, possible))
     return gold
+
+
+def check_gold(gold: list[tuple[set, set]], sources: list[str], targets: list[str], name: str) -> None:
+    """Refuse a gold link outside its pair's words: it could never be found, and would only raise the AER."""
+    for n, ((_, possible), source, target) in enumerate(zip(gold, sources, targets), 1):
+        n_src, n_tgt = len(source.split()), len(target.split())
+        for i, j in sorted(possible):
+            if i >= n_src or j >= n_tgt:
+                raise QkvError(f"{name}, line {n}: link {i + 1}-{j + 1} is outside the pair's {n_src} source and "
+                               f"{n_tgt} target words")
 
 
 def alignment_error_rate(predicted: list[list[tuple[int, int]]], gold: list[tuple[set, set]]) -> dict[str, float]:

@@ -3,13 +3,16 @@ and their error rate against a gold file."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
+from qkv.errors import QkvError
 from qkv.io import checkpoint
 from qkv.inspect.align import align, alignment_error_rate, pharaoh, read_gold
 from qkv.model.config import model_preset
@@ -140,3 +143,48 @@ def test_align_command_reports_the_error_rate_and_refuses_a_bad_gold_file(model_
     gold.write_text("1-1\n", encoding="utf-8")
     assert "--gold has 1 lines but --input 2" in run("--gold", gold).stderr
     assert "--head goes with --method attention or norm" in run("--method", "alti", "--head", "1").stderr
+
+
+def test_a_hostile_gold_file_is_one_line_or_read_as_documented(tmp_path):
+    gold = tmp_path / "gold"
+    gold.write_bytes(b"1-1\r\n\r\n2p3 1-2\r\n")  # CRLF line ends; a blank line is a pair without links
+    assert read_gold(gold) == [({(0, 0)}, {(0, 0)}), (set(), set()), ({(0, 1)}, {(1, 2), (0, 1)})]
+    cases = {
+        b"1-1\n2-2 \xff3-3\n": "line 2 is not valid UTF-8",  # was a UnicodeDecodeError traceback
+        b"1-1\n-1-2\n": "line 2: '-1-2' is not a link",
+        b"1p-2\n": "line 1: '1p-2' is not a link",
+        b"0-1\n": "line 1: '0-1': indices are 1-based",
+        b"1-" + b"9" * 5000 + b"\n": r"line 1: '1-9{38}'\.\.\. is not a link",  # the message stays one short line
+        b"1-\xd9\xa3\n": "is not a link",  # an Arabic-Indic digit: int() would have read it as 3
+    }
+    for text, message in cases.items():
+        gold.write_bytes(text)
+        with pytest.raises(QkvError, match=message):
+            read_gold(gold)
+    with pytest.raises(QkvError, match="cannot read"):
+        read_gold(tmp_path)  # a directory
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # a FIFO is read as a stream, as --gold <(zcat gold.gz) gives one
+    writer = threading.Thread(target=lambda: fifo.write_bytes(b"1-1\n"))
+    writer.start()
+    assert read_gold(fifo) == [({(0, 0)}, {(0, 0)})]
+    writer.join()
+
+
+def test_align_gold_refuses_links_outside_the_pair_and_never_overwrites_the_gold_file(model_dir, tmp_path):
+    src, ref, gold = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "gold"
+    src.write_text("a man rides\ntwo dogs\n", encoding="utf-8")
+    ref.write_text("ein Mann fährt\nzwei Hunde\n", encoding="utf-8")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "qkv", "align", "--checkpoint", str(model_dir), "-i", src,  # noqa: E731
+                                     *map(str, a)], capture_output=True, text=True, timeout=120)
+    gold.write_text("1-1 2-2 3-3\n1-1 2-999999999\n", encoding="utf-8")
+    result = run("-r", ref, "--gold", gold)  # counted as a link never found, it raised the AER
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"qkv align: error: {gold}, line 2: link 2-999999999 is outside the pair's 2 source and 2 target words"]
+    gold.write_text("1-1 2-2 3-3\n1-1 2-2\n", encoding="utf-8")
+    before = gold.read_bytes()
+    result = run("-r", ref, "--gold", gold, "-o", gold, "--force")  # it replaced the gold file with the alignments
+    assert result.returncode == 2 and "is also the input" in result.stderr and gold.read_bytes() == before
+    for extra in ((), ("-r", ref, "--pieces")):  # an AER of the model's own translations, or of pieces against words
+        result = run("--gold", gold, *extra)
+        assert result.returncode == 2 and "--gold scores word alignments of the references" in result.stderr
