@@ -65,9 +65,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from qkv.inspect.calibrate import fit, synthetic_pairs
     from qkv.inspect.trust import CONFIDENCE, assess
 
-    directory = checkpoint.resolve(args.checkpoint)
-    if (directory / CONFIDENCE).exists() and not args.force:
-        raise QkvError(f"{directory} already holds {CONFIDENCE}: give --force to replace it")
+    # Everything add_file would refuse (a file of yours in the checkpoint, an existing calibration), refused
+    # before the minutes of scoring
+    directory = checkpoint.check_add_file(args.checkpoint, CONFIDENCE, replace=args.force)
     loaded = checkpoint.load(directory)
     if bool(args.valid_src) != bool(args.valid_tgt):
         raise QkvError("--valid-src and --valid-tgt go together")

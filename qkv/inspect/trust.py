@@ -189,7 +189,8 @@ def assess(
     max_tokens: int = 2048,
 ) -> list[Trust]:
     """A ``Trust`` for each (source, translation) pair, in input order: one teacher-forced pass with
-    contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit."""
+    contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit.
+    An empty (or blank) source with an empty translation is trusted: confidence 1, no flags."""
     from qkv.infer.translator import length_batches
 
     if len(sources) != len(translations):
@@ -216,4 +217,7 @@ def assess(
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
                 log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, sources[i], translations[i], calibration)
+    for i, (source, translation) in enumerate(zip(sources, translations)):
+        if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
+            results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]
     return results  # type: ignore[return-value]

@@ -268,13 +268,9 @@ def save(
     return directory
 
 
-def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *, replace: bool = False) -> Path:
-    """Add the optional file ``name`` to a checkpoint, ``write(path)`` writing it, under the manifest.
-
-    The checkpoint is verified, copied to ``NAME.tmp/`` with the new file, and put in place as
-    ``save`` does: a crash leaves the checkpoint as it was (or its whole copy under ``NAME.old/``).
-    An existing ``name`` is replaced only with ``replace``.
-    """
+def check_add_file(directory: str | Path, name: str, *, replace: bool = False) -> Path:
+    """What ``add_file`` checks before it copies anything, for a command to call before its work (``qkv
+    calibrate`` scores for minutes first): the resolved checkpoint directory, or a one-line error."""
     if name not in FILES - {*REQUIRED, MANIFEST}:
         raise CheckpointError(f"{name} is not an optional checkpoint file")
     directory = resolve(directory)
@@ -287,6 +283,19 @@ def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *,
                               "(move that file out of the checkpoint first)")
     if (directory / name).exists() and not replace:
         raise CheckpointError(f"{directory} already holds {name}: give --force to replace it")
+    if not os.access(directory.parent, os.W_OK | os.X_OK):  # the copy is made beside the checkpoint
+        raise CheckpointError(f"cannot write in {directory.parent}: adding {name} copies the checkpoint beside itself")
+    return directory
+
+
+def add_file(directory: str | Path, name: str, write: Callable[[Path], None], *, replace: bool = False) -> Path:
+    """Add the optional file ``name`` to a checkpoint, ``write(path)`` writing it, under the manifest.
+
+    The checkpoint is verified, copied to ``NAME.tmp/`` with the new file, and put in place as
+    ``save`` does: a crash leaves the checkpoint as it was (or its whole copy under ``NAME.old/``).
+    An existing ``name`` is replaced only with ``replace``.
+    """
+    directory = check_add_file(directory, name, replace=replace)
     with _locked(directory.parent):
         tmp = _tmp(directory)
         _remove_ours(tmp)
