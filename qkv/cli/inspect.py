@@ -101,9 +101,7 @@ def score_command(args: argparse.Namespace) -> int:
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
     from qkv.infer.score import perplexity, score_pairs
 
-    if args.gold and (not args.reference or args.pieces):  # gold links are words of the given references
-        raise QkvError("--gold scores word alignments of the references it annotates: give -r, and not --pieces")
-    inputs, reads = (args.input, args.reference, args.gold), read_dirs([args.checkpoint])
+    inputs, reads = (args.input, args.reference), read_dirs([args.checkpoint])
     if args.output:
         check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     loaded = checkpoint.load(args.checkpoint)
