@@ -87,6 +87,9 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref-file", help="reference translations for --src-file")
     p.add_argument("--save", help="also write the translations to this file, one line per source line")
     p.add_argument("--force", action="store_true", help="overwrite an existing --save file")
+    p.add_argument("--confidence", action="store_true",
+                   help="also judge every translation (qkv translate --confidence): print how the confidence ranks "
+                        "the sentences as their chrF does (Spearman) and list the flagged lines")
 
 
 @command("evaluate", "translate a test set and score it with sacreBLEU (BLEU, lowercased BLEU, chrF)", _evaluate_args)
@@ -131,7 +134,29 @@ def evaluate(args: argparse.Namespace) -> int:
     workers = f", {args.workers} workers" if args.workers > 1 else ""
     print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
+    if args.confidence:
+        print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses)
     return 0
+
+
+def print_trust(args: argparse.Namespace, model, tokenizer, sources: list[str], references: list[str], hypotheses: list[str]) -> None:
+    """``evaluate --confidence``: Spearman correlations of the confidence and of the mean token log-probability
+    with sentence chrF, and the flagged lines (1-based), at most 20 of them shown."""
+    from sacrebleu.metrics import CHRF
+
+    from qkv.cli.trust import trust_model
+    from qkv.inspect.trust import assess, spearman
+
+    model, tokenizer, calibration = trust_model(args, model, tokenizer)
+    trusts = assess(model, tokenizer, sources, hypotheses, calibration=calibration)
+    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+    rho = spearman([t.confidence for t in trusts], chrf)
+    rho_lp = spearman([t.features["logprob_mean"] for t in trusts], chrf)
+    flagged = [(i, t) for i, t in enumerate(trusts, 1) if t.flags]
+    print(f"confidence: Spearman {rho:.3f} with sentence chrF (mean token log-probability alone: {rho_lp:.3f}); "
+          f"{len(flagged)} of {len(trusts)} lines flagged")
+    for i, t in flagged[:20]:
+        print(f"  line {i}: {','.join(t.flags)} (confidence {t.confidence:.3f}): {hypotheses[i - 1][:80]}")
 
 
 def _average_args(p: argparse.ArgumentParser) -> None:

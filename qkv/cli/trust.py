@@ -58,12 +58,33 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace the checkpoint's calibration if it has one")
 
 
+def calibrate(model, tokenizer, sources: list[str], references: list[str], *, name: str) -> dict:
+    """Fit a calibration on validation pairs: the made-up labelled pairs, and the model's own beam-5
+    translations of the sources (its length penalty) scored by sentence chrF against the references."""
+    from sacrebleu.metrics import CHRF
+
+    from qkv.infer.search import DecodeConfig
+    from qkv.infer.translator import Translator
+    from qkv.inspect.calibrate import fit, synthetic_pairs
+    from qkv.inspect.trust import assess
+
+    made = synthetic_pairs(sources, references)
+    print(f"translating {len(sources)} validation sources, then scoring them and {len(made)} labelled pairs made "
+          f"from {name} ...", file=sys.stderr)
+    alpha = getattr(model, "decode_defaults", {}).get("length_penalty", 0.6)
+    own = Translator(model, tokenizer, DecodeConfig(beam_size=5, length_penalty=alpha)).translate(sources)
+    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(own, references)]
+    trusts = assess(model, tokenizer, [s for _, s, _ in made], [t for _, _, t in made])
+    own_trusts = assess(model, tokenizer, sources, own)
+    return fit(trusts, [k for k, _, _ in made], name=f"{len(made)} pairs and {len(own)} translations from {name}",
+               own=own_trusts, own_chrf=chrf)
+
+
 @command("calibrate", "fit the confidence and the flags of --confidence on validation pairs, into the checkpoint", _calibrate_args)
 def calibrate_command(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
     from qkv.data.corpus import load_multi30k, read_parallel
-    from qkv.inspect.calibrate import fit, synthetic_pairs
-    from qkv.inspect.trust import CONFIDENCE, assess
+    from qkv.inspect.trust import CONFIDENCE
 
     # Everything add_file would refuse (a file of yours in the checkpoint, an existing calibration), refused
     # before the minutes of scoring
@@ -79,10 +100,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
             raise QkvError("this model was not trained on Multi30k: give --valid-src and --valid-tgt (its validation pairs)")
         src, tgt = data.get("src_lang") or "en", data.get("tgt_lang") or "de"
         pairs, name = load_multi30k("val", src, tgt, args.data_dir), f"Multi30k val {src}-{tgt}"
-    made = synthetic_pairs(pairs.src, pairs.tgt)
-    print(f"scoring {len(made)} labelled pairs made from {name} ...", file=sys.stderr)
-    trusts = assess(loaded.model, loaded.tokenizer, [s for _, s, _ in made], [t for _, _, t in made])
-    calibration = fit(trusts, [k for k, _, _ in made], name=f"{len(made)} pairs from {name}")
+    calibration = calibrate(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, name=name)
     checkpoint.add_file(directory, CONFIDENCE, lambda path: path.write_text(json.dumps(calibration, indent=1) + "\n"),
                         replace=args.force)
     thresholds = ", ".join(f"{k} {'never' if v is None else f'{v:.3g}'}" for k, v in calibration["thresholds"].items())

@@ -6,7 +6,10 @@ label is known by construction: ``correct`` (the reference), ``detached`` (anoth
 reference), ``partly-detached`` (the reference's second half replaced by the second half of
 another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
 itself) and ``omission`` (the reference's second half dropped). ``fit`` chooses the confidence's
-weights (a logistic regression, correct against the rest) and each flag's threshold on them.
+weights and each flag's threshold on them, and on the model's own translations of the same sources
+scored by sentence chrF against their references: the confidence is a logistic regression with soft
+targets (1 for a reference, 0 for a made-up pathology, chrF / 100 for the model's own translation),
+so that it ranks the model's real output as its quality does and puts every pathology below.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from qkv.inspect.trust import FEATURES, FLAGS, Trust
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
+# How much the model's own translations count against all the made-up pairs together: chosen on val
+# (docs/trust.md): at 1, the confidence ranked real output by the made-up pairs' features.
+OWN_WEIGHT = 4.0
+MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
 FLAG_OF = {"detached": ("detached", "source_mean", -1), "partly-detached": ("partly-detached", "source_min", -1),
            "oscillation": ("repetition", "repeats", +1), "copy": ("copy", "copy", +1), "omission": ("omission", "unused", +1)}
 
@@ -78,28 +85,34 @@ def precision_at_recall(positive: list[float], negative: list[float], recall: fl
     return flagged_pos / (flagged_pos + flagged_neg)
 
 
-def _threshold(positive: list[float], negative: list[float]) -> float:
-    """The cut (flag at or above it) with the best true-positive minus false-positive rate (Youden's J);
-    infinity (never flag) when no cut flags more positives than negatives."""
-    best, cut = 0.0, math.inf
+def _threshold(positive: list[float], negative: list[float], max_false: float = MAX_FALSE_ALARMS) -> float:
+    """The lowest cut (flag at or above it) that flags at most ``max_false`` of the negatives (the correct
+    pairs) and more positives than negatives; infinity (never flag) when there is none."""
     for c in sorted(set(positive) | set(negative)):
-        j = sum(s >= c for s in positive) / len(positive) - sum(s >= c for s in negative) / len(negative)
-        if j > best:
-            best, cut = j, c
-    return cut
+        false = sum(s >= c for s in negative) / len(negative)
+        if false <= max_false and sum(s >= c for s in positive) / len(positive) > false:
+            return c
+    return math.inf
 
 
-def fit(trusts: list[Trust], kinds: list[str], *, name: str) -> dict:
-    """A calibration (``qkv.inspect.trust``'s format) fitted on labelled pairs: the logistic regression
-    of correct (1) against every other kind (0) on the standardised features, and each flag's threshold."""
+def fit(trusts: list[Trust], kinds: list[str], *, name: str, own: list[Trust] | None = None,
+        own_chrf: list[float] | None = None) -> dict:
+    """A calibration (``qkv.inspect.trust``'s format) fitted on labelled pairs and, if given, on the
+    model's own translations (``own``) with their sentence chrF (0-100): the logistic regression with
+    soft targets on the standardised features (module docstring), and each flag's threshold."""
     if set(kinds) != set(KINDS):
         raise QkvError(f"fitting needs pairs of every kind ({', '.join(KINDS)})")
-    x = torch.tensor([[t.features[f] for f in FEATURES] for t in trusts], dtype=torch.float64)  # (N, F)
-    y = torch.tensor([k == "correct" for k in kinds], dtype=torch.float64)  # (N,)
+    own, own_chrf = own or [], own_chrf or []
+    x = torch.tensor([[t.features[f] for f in FEATURES] for t in [*trusts, *own]], dtype=torch.float64)  # (N, F)
+    y = torch.tensor([float(k == "correct") for k in kinds] + [c / 100 for c in own_chrf], dtype=torch.float64)  # (N,)
     mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
     z = (x - mean) / std
-    # Weighted so that the correct pairs (a sixth) count as much as the others together.
-    weight = torch.where(y == 1, 0.5 / y.mean(), 0.5 / (1 - y.mean()))
+    # Weighted so that the references (a sixth of the made-up pairs) count as much as the pathologies
+    # together, and the model's own translations, if any, OWN_WEIGHT times as much as all the made-up pairs.
+    labelled = torch.tensor([k == "correct" for k in kinds], dtype=torch.float64)
+    weight = torch.where(labelled == 1, 0.5 / labelled.mean(), 0.5 / (1 - labelled.mean()))
+    if own:
+        weight = torch.cat([weight, torch.ones(len(own), dtype=torch.float64) * OWN_WEIGHT * len(trusts) / len(own)])
     w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
@@ -114,7 +127,7 @@ def fit(trusts: list[Trust], kinds: list[str], *, name: str) -> dict:
     with torch.enable_grad():
         optimizer.step(closure)
     thresholds = {}
-    correct = [t for t, k in zip(trusts, kinds) if k == "correct"]
+    correct = [t for t, k in zip(trusts, kinds) if k == "correct"] + own  # what a flag must leave alone
     for kind, (flag, feature, sign) in FLAG_OF.items():
         pos = [sign * t.features[feature] for t, k in zip(trusts, kinds) if k == kind]
         cut = _threshold(pos, [sign * t.features[feature] for t in correct])
@@ -122,4 +135,4 @@ def fit(trusts: list[Trust], kinds: list[str], *, name: str) -> dict:
         thresholds[flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
     assert set(thresholds) == set(FLAGS)
     return {"features": list(FEATURES), "mean": mean.tolist(), "std": std.tolist(), "weights": w.detach().tolist(),
-            "bias": float(b.detach()), "thresholds": thresholds, "fitted_on": name}
+            "bias": float(b.detach()), "thresholds": thresholds, "fitted_on": name, "own_translations": len(own)}

@@ -10,9 +10,11 @@ those and the two texts, per sentence (``FEATURES``):
   three consecutive tokens (a detached stretch);
 - ``unused``: the fraction of source words that no target token used: a word is used when, for
   some target token, its share of that token's source part is at least ``USED`` of the uniform share;
-- ``repeats``: the most consecutive repeats of one n-gram of words (n = 1 to 4) in the translation;
+- ``repeats``: the most consecutive repeats of one n-gram of words (n = 1 to 4) in the translation,
+  or of a run of one to three characters, less two (``char_repeats``: a loop inside a word);
 - ``copy``: character F-score (chrF) of the translation against its own source, in [0, 1];
-- ``length_ratio``: log of (translation words + 1) / (source words + 1).
+- ``length_ratio``: the absolute log of (translation words + 1) / (source words + 1): too long and too
+  short alike.
 
 The ``confidence`` in [0, 1] is a logistic regression over these features (standardised), fitted on
 validation pairs with exact labels (``qkv calibrate``: the references against detached, partly
@@ -89,6 +91,21 @@ def max_repeats(words: list[str], max_n: int = 4) -> int:
     return best
 
 
+def char_repeats(text: str, max_n: int = 3) -> int:
+    """The most times one run of 1 to ``max_n`` characters occurs back to back, less two (so that German's
+    "fff" counts 1 and a loop inside a word, "EEEEEEEE" or "19999999", counts as many as it runs)."""
+    best = 0
+    for n in range(1, max_n + 1):
+        start = 0
+        while start + n <= len(text):
+            count, i = 1, start + n
+            while text[i : i + n] == text[start : start + n]:
+                count, i = count + 1, i + n
+            best = max(best, count)
+            start = i if count > 1 else start + 1
+    return max(1, best - 2) if text else 0
+
+
 def copy_score(source: str, translation: str) -> float:
     """chrF (sacreBLEU's, in [0, 1]) of the translation against the source itself."""
     from sacrebleu.metrics import CHRF
@@ -96,6 +113,29 @@ def copy_score(source: str, translation: str) -> float:
     if not source.strip() or not translation.strip():
         return 0.0
     return CHRF().sentence_score(translation, [source]).score / 100
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # ties share their mean rank
+        j = i
+        while j < len(order) and values[order[j]] == values[order[i]]:
+            j += 1
+        for k in order[i:j]:
+            out[k] = (i + j - 1) / 2
+        i = j
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of two equally long lists (ties at mean ranks); nan if either is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    norm = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / norm if norm else math.nan
 
 
 def load_calibration(path: str | Path | None) -> dict:
@@ -156,8 +196,9 @@ def flags_of(features: dict[str, float], thresholds: dict[str, float | None]) ->
 
 
 def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], share: torch.Tensor,
-              source_rows: torch.Tensor, source: str, translation: str, calibration: dict) -> Trust:
-    """One pair. share (T,): each target token's source share; source_rows (T, S): its source part."""
+              source_rows: torch.Tensor, attention: torch.Tensor, source: str, translation: str, calibration: dict) -> Trust:
+    """One pair. share (T,): each target token's source share; source_rows (T, S): its source part;
+    attention (T, S): the last layer's cross-attention, heads averaged."""
     lp = torch.tensor(log_probs, dtype=torch.float64)
     window = share.unfold(0, 3, 1).mean(-1) if share.numel() >= 3 else share  # three tokens at a time
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
@@ -170,8 +211,11 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "logprob_std": float(lp.std(unbiased=False)),
         "source_mean": float(share.mean()), "source_min": float(window.min()),
         "unused": len(unused) / max(1, len(src_words)),
-        "repeats": float(max_repeats(tgt_words)), "copy": copy_score(source, translation),
-        "length_ratio": math.log((len(tgt_words) + 1) / (src_n + 1)),
+        "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy_score(source, translation),
+        "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
+        # Not in the confidence: the raw-attention baseline of docs/trust.md, the mean entropy of the last
+        # layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
+        "attention_entropy": float(-(attention * attention.clamp(min=1e-12).log()).sum(-1).mean() / math.log(max(2, attention.size(1)))),
     }
     words = []
     for word, rows in group_words(tgt_pieces):
@@ -211,12 +255,14 @@ def assess(
         log_probs = model.generator(found.hidden).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
         S = src.size(1)
         source_part = found.alti[-1][..., :S].double()  # (B, T, S)
+        attention = found.weights[-1].mean(dim=1).double()  # (B, H, T, S) -> (B, T, S)
         for b, i in enumerate(batch):
             n_src, n_tgt = len(src_ids[i]) + 1, len(tgt_ids[i]) + 1  # with EOS
             rows = source_part[b, :n_tgt, :n_src]
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
-                log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, sources[i], translations[i], calibration)
+                log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, attention[b, :n_tgt, :n_src], sources[i],
+                translations[i], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
             results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]

@@ -15,7 +15,9 @@ import torch
 from qkv.data.tokenizer import Tokenizer
 from qkv.errors import QkvError
 from qkv.inspect.calibrate import KINDS, fit, precision_at_recall, roc_auc, synthetic_pairs
-from qkv.inspect.trust import FEATURES, Trust, assess, calibration_of, copy_score, flags_of, load_calibration, max_repeats
+from qkv.inspect.trust import (
+    FEATURES, Trust, assess, calibration_of, char_repeats, copy_score, flags_of, load_calibration, max_repeats, spearman,
+)
 from qkv.io import checkpoint
 from qkv.model.config import model_preset
 from qkv.model.transformer import Transformer
@@ -39,11 +41,15 @@ def test_repeats_copies_and_the_measures_on_hand_made_cases():
     assert max_repeats("the dog the cat".split()) == 1
     assert max_repeats("Hund hund HUND".split()) == 3  # case does not hide a loop
     assert max_repeats([]) == 0
+    assert char_repeats("Schifffahrt") == 1 and char_repeats("EEEEEEEE") == 6 and char_repeats("19999999") == 5
     assert copy_score("a red bike", "a red bike") == 1.0 and copy_score("a red bike", "ein rotes Rad") < 0.3
     assert roc_auc([3, 2], [1, 0]) == 1.0 and roc_auc([1, 0], [3, 2]) == 0.0
     assert roc_auc([1, 1], [1, 1]) == 0.5  # ties count half
     # 90% recall of 10 positives needs the 9 highest: the threshold 2 also flags one negative of 3
     assert precision_at_recall([10, 9, 8, 7, 6, 5, 4, 3, 2, 1], [2, 1.5, 0]) == 9 / 10
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / 22.5**0.5)  # ties at mean ranks: 1, 2.5, 2.5, 4
 
 
 def test_synthetic_pairs_have_every_kind_and_the_construction_they_name():
@@ -80,6 +86,12 @@ def test_fit_chooses_each_threshold_between_the_kinds_and_a_confidence_that_rank
 
     scores = {k: [confidence_of(t.features, calibration) for t, kk in zip(trusts, kinds) if kk == k] for k in KINDS}
     assert min(scores["correct"]) > max(max(v) for k, v in scores.items() if k != "correct")
+    # With the model's own translations and their chrF, the confidence ranks them as chrF does.
+    own = [_trust(source_mean=0.6, source_min=0.5, copy=0.2, logprob_mean=-0.3 - i / 10) for i in range(10)]
+    calibration = fit(trusts, kinds, name="hand-made", own=own, own_chrf=[90 - 8 * i for i in range(10)])
+    ranked = [confidence_of(t.features, calibration) for t in own]
+    assert ranked == sorted(ranked, reverse=True) and ranked[0] > ranked[-1]
+    assert calibration["own_translations"] == 10
 
 
 def test_a_broken_calibration_file_is_one_line(tmp_path):
@@ -135,13 +147,16 @@ def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, m
     result = run()
     assert result.returncode == 0, result.stderr
     calibration = calibration_of(model_dir)
-    assert calibration["fitted_on"].startswith("72 pairs from")
+    assert calibration["fitted_on"].startswith("72 pairs and 12 translations from") and calibration["own_translations"] == 12
     checkpoint.load(model_dir)  # the manifest covers the new file
     assert "already holds confidence.json: give --force" in run().stderr
     result = qkv("score", "--checkpoint", model_dir, "-i", src, "-r", ref, "--confidence", cwd=tmp_path)
     loaded = checkpoint.load(model_dir)
     expected = assess(loaded.model, loaded.tokenizer, SOURCES, ref.read_text(encoding="utf-8").splitlines(), calibration=calibration)
     assert [json.loads(line)["confidence"] for line in result.stdout.splitlines()] == [round(t.confidence, 4) for t in expected]
+    result = qkv("evaluate", "--checkpoint", model_dir, "--src-file", src, "--ref-file", ref, "--beam", "1", "--confidence", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "confidence: Spearman" in result.stdout and f"of {len(SOURCES)} lines flagged" in result.stdout
     assert "not with --n-best" in qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "--n-best", "2", cwd=tmp_path).stderr
 
 

@@ -1,0 +1,148 @@
+"""How well each detector tells a bad translation from a good one, and what --confidence costs.
+
+    .venv/bin/python -m benchmarks.trust --checkpoint runs/en-de/final --out benchmarks/results/trust
+
+Detectors (higher = more suspect): ``logprob`` (minus the mean token log-probability, the usual
+baseline), ``attention`` (the entropy of the last layer's cross-attention, a raw-attention detector),
+``alti`` (minus ALTI+'s mean source share) and ``confidence`` (one minus qkv's combined confidence).
+
+1. Synthetic pairs with exact labels (qkv.inspect.calibrate.synthetic_pairs) from Multi30k val: the
+   confidence and flags are fitted on val lines 1-507 and every number is reported on lines 508-1014.
+   Each kind against the correct pairs: ROC AUC and precision at 90% recall. The calibration is what
+   ``qkv calibrate`` fits (with the model's own translations of those lines).
+2. Natural pairs: the model's own beam-5 translations of provoking inputs (benchmarks/trust_inputs.py;
+   benchmarks/gold/trust-natural/translations.txt), labelled by hand (labels.tsv, guidelines beside
+   it): any hallucination (repetition, strongly or fully detached) and fully detached, each against
+   the rest, scored with the calibration of part 1.
+3. Test: Spearman correlation of each detector's trust (minus its score) with sentence chrF of the
+   model's beam-5 translations of test_2016_flickr (nothing is chosen on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from qkv.infer.search import DecodeConfig
+from qkv.infer.translator import Translator
+from qkv.cli.trust import calibrate
+from qkv.inspect.calibrate import KINDS, precision_at_recall, roc_auc, synthetic_pairs
+from qkv.inspect.trust import assess, spearman
+from qkv.io import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "multi30k"
+HALF = 507
+
+
+def detectors(trust) -> dict[str, float]:
+    f = trust.features
+    return {"logprob": -f["logprob_mean"], "attention": f["attention_entropy"], "alti": -f["source_mean"],
+            "confidence": 1 - trust.confidence}
+
+
+def table(scores: dict[str, list[dict]], negative: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    out = {}
+    for kind, positive in scores.items():
+        out[kind] = {name: {"roc_auc": round(roc_auc([p[name] for p in positive], [n[name] for n in negative]), 4),
+                            "precision_at_90_recall": round(precision_at_recall([p[name] for p in positive], [n[name] for n in negative]), 4)}
+                     for name in ("logprob", "attention", "alti", "confidence")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--data-dir", default=str(DATA))
+    parser.add_argument("--natural", default=str(ROOT / "benchmarks" / "gold" / "trust-natural"),
+                        help="the labelled natural pairs: translations.txt and labels.tsv")
+    parser.add_argument("--parts", default="synthetic,natural,test", help="which parts to run (their results are merged into OUT/trust.json)")
+    parser.add_argument("--test-translations", help="the model's beam-5 translations of test_2016_flickr (default: translate)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    loaded = checkpoint.load(args.checkpoint)
+    model, tok = loaded.model, loaded.tokenizer
+    read = lambda split, lang: gzip.open(Path(args.data_dir) / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
+    src, ref = read("val", "en"), read("val", "de")
+    out = Path(args.out)
+    previous = out / "trust.json"
+    result: dict = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+    result.update({"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    parts = set(args.parts.split(","))
+
+    calibration = calibrate(model, tok, src[:HALF], ref[:HALF], name=f"val lines 1-{HALF}")  # what qkv calibrate does
+    result["calibration"] = calibration
+    if "synthetic" in parts:
+        synthetic(result, model, tok, src, ref, calibration)
+    if "natural" in parts:
+        natural_part(result, model, tok, Path(args.natural), Path(args.data_dir), calibration)
+    if "test" in parts:
+        test_part(result, model, tok, read, calibration, args.test_translations)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trust.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps({k: v for k, v in result.items() if k != "calibration"}, indent=1))
+
+
+def synthetic(result: dict, model, tok, src: list[str], ref: list[str], calibration: dict) -> None:
+    report = synthetic_pairs(src[HALF:], ref[HALF:])
+    trusts = assess(model, tok, [s for _, s, _ in report], [t for _, _, t in report], calibration=calibration)
+    by_kind = {k: [detectors(t) for t, (kind, _, _) in zip(trusts, report) if kind == k] for k in KINDS}
+    result["synthetic"] = {"pairs_per_kind": len(by_kind["correct"]),
+                           "detectors": table({k: v for k, v in by_kind.items() if k != "correct"}, by_kind["correct"])}
+    flag_of = {"detached": "detached", "partly-detached": "partly-detached", "oscillation": "repetition", "copy": "copy", "omission": "omission"}
+    result["synthetic"]["flags"] = {
+        kind: {"flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == kind) / len(by_kind[kind]), 4),
+               "correct_flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == "correct") / len(by_kind["correct"]), 4)}
+        for kind in flag_of}
+
+
+
+def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, calibration: dict) -> None:
+    from benchmarks.trust_inputs import make
+
+    inputs = [text for _, _, text in make(data_dir)]
+    translations = (directory / "translations.txt").read_text(encoding="utf-8").splitlines()
+    labels = [line.split("\t")[1].strip() for line in (directory / "labels.tsv").read_text(encoding="utf-8").splitlines() if line]
+    assert len(inputs) == len(translations) == len(labels), (len(inputs), len(translations), len(labels))
+    scored = [detectors(t) for t in assess(model, tok, inputs, translations, calibration=calibration)]
+    result["natural"] = {"lines": len(inputs), "labels": {lab: labels.count(lab) for lab in sorted(set(labels))}, "detectors": {}}
+    for name, positive in (("any hallucination", {"repetition", "strongly-detached", "fully-detached"}),
+                           ("fully detached", {"fully-detached"})):
+        pos = [s for s, lab in zip(scored, labels) if lab in positive]
+        neg = [s for s, lab in zip(scored, labels) if lab not in positive]
+        if pos:
+            result["natural"]["detectors"][name] = table({name: pos}, neg)[name]
+
+
+def test_part(result: dict, model, tok, read, calibration: dict, translations: str | None) -> None:
+    from sacrebleu.metrics import CHRF
+
+    test_src, test_ref = read("test_2016_flickr", "en"), read("test_2016_flickr", "de")
+    if translations is not None:  # the beam-5 translations benchmarks/trust_cost.py saved
+        hyps = Path(translations).read_text(encoding="utf-8").splitlines()
+    else:
+        hyps = Translator(model, tok, DecodeConfig(beam_size=5, length_penalty=model.decode_defaults["length_penalty"])).translate(test_src)
+    test_trusts = assess(model, tok, test_src, hyps, calibration=calibration)
+    # The cost of --confidence, side by side in this process: beam-5 search of the first 200 test sentences,
+    # then the trust pass over its output (what translate --confidence adds).
+    start = time.perf_counter()
+    first = Translator(model, tok, DecodeConfig(beam_size=5, length_penalty=model.decode_defaults["length_penalty"])).translate(test_src[:200])
+    search_s = time.perf_counter() - start
+    start = time.perf_counter()
+    assess(model, tok, test_src[:200], first, calibration=calibration)
+    trust_s = time.perf_counter() - start
+    result["cost_200_test_sentences"] = {"search_seconds": round(search_s, 2), "trust_seconds": round(trust_s, 2),
+                                         "added": round(trust_s / search_s, 4), "threads": torch.get_num_threads()}
+    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(hyps, test_ref)]
+    result["test_spearman_with_chrf"] = {
+        name: round(spearman([-detectors(t)[name] for t in test_trusts], chrf), 4) for name in ("logprob", "attention", "alti", "confidence")}
+    result["test_flagged"] = sum(bool(t.flags) for t in test_trusts)
+
+
+if __name__ == "__main__":
+    main()
