@@ -24,9 +24,9 @@ from qkv.inspect.trust import FEATURES, FLAGS, Trust
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
-# How much the model's own translations count against all the made-up pairs together: chosen on val
-# (docs/trust.md): at 1, the confidence ranked real output by the made-up pairs' features.
-OWN_WEIGHT = 4.0
+# How much the model's own translations count against all the made-up pairs together, chosen on the
+# natural pairs of val (docs/trust.md): any hallucination at ROC AUC 0.79 with 1, 0.58 with 4.
+OWN_WEIGHT = 1.0
 MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
 FLAG_OF = {"detached": ("detached", "source_mean", -1), "partly-detached": ("partly-detached", "source_min", -1),
            "oscillation": ("repetition", "repeats", +1), "copy": ("copy", "copy", +1), "omission": ("omission", "unused", +1)}
