@@ -375,7 +375,9 @@ def test_workers_through_the_command_line(tiny_run, tmp_path):
     two = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "2"], capture_output=True, text=True)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert len(two.stdout.splitlines()) == len(SENTENCES) * 4 and two.stdout == one.stdout
-    scored = [subprocess.run([*qkv, "evaluate", *common, "--src-file", str(src), "--ref-file", str(src), *extra],
+    ref = tmp_path / "ref.de"  # the sources as references, named for the model's target language (evaluate checks)
+    ref.write_text(src.read_text())
+    scored = [subprocess.run([*qkv, "evaluate", *common, "--src-file", str(src), "--ref-file", str(ref), *extra],
                              capture_output=True, text=True, env=env)
               for extra, env in ((["--workers", "1"], one_thread), (["--workers", "2"], None), ([], None))]
     assert all(r.returncode == 0 for r in scored), scored[1].stderr
