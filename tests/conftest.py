@@ -87,3 +87,30 @@ def random_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = model_preset("tiny", src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, pad_id=tok.pad_id)
     return checkpoint.save(where / "model", Transformer(config), tok, configs={"data": {"src_lang": "en", "tgt_lang": "de"}})
+
+
+def assert_blocks_sum_back(model, src, tgt_in, atol: float = 1e-10) -> None:
+    """Every attention block of ``model`` (float64, eval) written by qkv.inspect.contributions.decompose
+    sums back to the block's real output, through the encoder and the decoder; and the contributions'
+    walk ends at the model's own encoder and decoder outputs. src (B, S), tgt_in (B, T)."""
+    import torch
+
+    from qkv.inspect.contributions import contributions, decompose
+
+    src_mask = src != model.config.pad_id
+    x = model._embed(model.src_embed, src)
+    for layer in model.encoder_layers:
+        block = decompose(layer.attn_sublayer, layer.self_attn, x, key_mask=src_mask)
+        torch.testing.assert_close(block.parts.sum(2) + block.bias, block.output, atol=atol, rtol=0)
+        x, _ = layer(x, src_mask)
+    memory, _, _ = model.encode(src)
+    y = model._embed(model.tgt_embed, tgt_in)
+    for layer in model.decoder_layers:
+        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
+        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask)
+        for b in (block, cross):
+            torch.testing.assert_close(b.parts.sum(2) + b.bias, b.output, atol=atol, rtol=0)
+        y, _, _ = layer(y, memory, src_mask)
+    found = contributions(model, src, tgt_in)
+    torch.testing.assert_close(found.memory, memory, atol=atol, rtol=0)
+    torch.testing.assert_close(found.hidden, model.decode_hidden(tgt_in, memory, src_mask)[0], atol=atol, rtol=0)

@@ -512,21 +512,14 @@ def test_fine_tuning_an_imported_model(imported, tmp_path, capsys):
 
 def test_contributions_sum_back_on_an_imported_marian_model(imported, sources):
     """The decomposition is exact on Marian's layers too (post-LN, split sinusoids, final-logits bias)."""
+    from conftest import assert_blocks_sum_back
     from qkv.data.corpus import collate
-    from qkv.inspect.contributions import contributions, decompose
+    from qkv.inspect.contributions import contributions
 
     loaded = checkpoint.load(imported)
     model, tok = loaded.model.double().eval(), loaded.tokenizer
     ids = [tok.encode(s) for s in sources[:3]]
     src, tgt_in, _ = collate(ids, [tok.encode_target("ein kleiner Test")] * 3, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    assert_blocks_sum_back(model, src, tgt_in)
     found = contributions(model, src, tgt_in)
-    memory, src_mask, _ = model.encode(src)
-    torch.testing.assert_close(found.hidden, model.decode_hidden(tgt_in, memory, src_mask)[0], atol=1e-10, rtol=0)
-    y = model._embed(model.tgt_embed, tgt_in)
-    for layer in model.decoder_layers:
-        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
-        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask)
-        for b in (block, cross):
-            torch.testing.assert_close(b.parts.sum(2) + b.bias, b.output, atol=1e-10, rtol=0)
-        y, _, _ = layer(y, memory, src_mask)
     assert ((found.source_share > 0) & (found.source_share <= 1)).all()

@@ -162,90 +162,11 @@ def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, m
 
 def test_contributions_sum_back_on_a_trained_model(tiny_run):
     """On weights a training made (the tiny preset's run), every block's parts still sum to its output."""
+    from conftest import assert_blocks_sum_back
     from qkv.data.corpus import collate
-    from qkv.inspect.contributions import decompose
 
     loaded = checkpoint.load(tiny_run / "final")
     model, tok = loaded.model.double().eval(), loaded.tokenizer
     src, tgt_in, _ = collate([tok.encode(s) for s in SOURCES], [tok.encode_target(r) for r in REFERENCES],
                              pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    memory, src_mask, _ = model.encode(src)
-    x = model._embed(model.src_embed, src)
-    for layer in model.encoder_layers:
-        block = decompose(layer.attn_sublayer, layer.self_attn, x, key_mask=src_mask)
-        torch.testing.assert_close(block.parts.sum(2) + block.bias, block.output, atol=1e-10, rtol=0)
-        x, _ = layer(x, src_mask)
-    y = model._embed(model.tgt_embed, tgt_in)
-    for layer in model.decoder_layers:
-        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
-        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask)
-        for b in (block, cross):
-            torch.testing.assert_close(b.parts.sum(2) + b.bias, b.output, atol=1e-10, rtol=0)
-        y, _, _ = layer(y, memory, src_mask)
-
-
-def test_confidence_on_blank_lines(model_dir, tmp_path):
-    src = tmp_path / "src.txt"
-    src.write_text(f"\n   \n{SOURCES[0]}\n", encoding="utf-8")
-    result = qkv("translate", "--checkpoint", model_dir, "-i", src, "--confidence", "--beam", "1", "--max-len-b", "3", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    # An empty line's empty translation was "0.000 detached"; now nothing is held against it
-    assert lines[:2] == ["\t1.000\t-", "\t1.000\t-"] and len(lines) == 3 and lines[2].split("\t")[0]
-
-
-def test_calibrate_refuses_before_scoring_and_leaves_the_checkpoint_whole(model_dir, tmp_path):
-    loaded = checkpoint.load(model_dir)
-    ckpt = checkpoint.save(tmp_path / "ckpt", loaded.model, loaded.tokenizer)  # the module's model may be calibrated by now
-    (ckpt / "notes.txt").write_text("mine\n", encoding="utf-8")
-    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
-    valid_src, valid_tgt = tmp_path / "valid.en", tmp_path / "valid.de"
-    valid_src.write_text("".join(s + "\n" for s in SOURCES * 3), encoding="utf-8")
-    valid_tgt.write_text("".join(r + "\n" for r in REFERENCES * 3), encoding="utf-8")
-    result = qkv("calibrate", "--checkpoint", ckpt, "--valid-src", valid_src, "--valid-tgt", valid_tgt, cwd=tmp_path)
-    # It used to score every pair (minutes on Multi30k val) and only then refuse
-    assert result.returncode == 2 and result.stderr.splitlines() == [
-        f"qkv calibrate: error: {ckpt} also holds notes.txt, which is not a checkpoint file: refusing to rewrite it "
-        "(move that file out of the checkpoint first)"]
-    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
-    (ckpt / "notes.txt").unlink()
-    short = tmp_path / "short.de"
-    short.write_text("".join(r + "\n" for r in REFERENCES), encoding="utf-8")
-    result = qkv("calibrate", "--checkpoint", ckpt, "--valid-src", valid_src, "--valid-tgt", short, cwd=tmp_path)
-    assert result.returncode == 2 and "line counts differ" in result.stderr
-    short.write_text("ein Mann fährt ein Rad\nja\n\n\n", encoding="utf-8")  # one reference of four words or more
-    valid_src.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
-    result = qkv("calibrate", "--checkpoint", ckpt, "--valid-src", valid_src, "--valid-tgt", short, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr.splitlines() == [
-        "qkv calibrate: error: synthetic pairs need at least two references of four words or more"]
-    assert not list(tmp_path.glob("ckpt.*")) and not (ckpt / "confidence.json").exists()
-
-
-def test_adding_a_file_interrupted_leaves_the_checkpoint_as_it_was(model_dir, tmp_path):
-    loaded = checkpoint.load(model_dir)
-    ckpt = checkpoint.save(tmp_path / "ckpt", loaded.model, loaded.tokenizer)
-    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
-
-    def interrupted(path: Path) -> None:
-        path.write_text("{", encoding="utf-8")  # half written, then Ctrl-C
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint.add_file(ckpt, "confidence.json", interrupted)
-    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before and sorted(tmp_path.iterdir()) == [ckpt]
-
-
-def test_contributions_refuse_a_training_model_and_an_int8_copy(model_dir):
-    from qkv.data.corpus import collate
-    from qkv.inspect.contributions import contributions
-    from qkv.model.quantize import int8_model, int8_supported
-
-    loaded = checkpoint.load(model_dir)
-    tok = loaded.tokenizer
-    src, tgt_in, _ = collate([tok.encode(SOURCES[0])], [tok.encode_target(REFERENCES[0])],
-                             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    with pytest.raises(QkvError, match="eval mode"):
-        contributions(loaded.model.train(), src, tgt_in)
-    if int8_supported():
-        with pytest.raises(QkvError, match="floating-point weights"):
-            contributions(int8_model(loaded.model.eval()), src, tgt_in)
+    assert_blocks_sum_back(model, src, tgt_in)
