@@ -12,7 +12,7 @@ readings (``METHODS``; ``qkv.inspect.contributions``):
 ``row`` says where a target word is read: ``predict``, the decoder position that predicts it (what the
 pictures show), or ``input``, the position where it is the decoder's input (Shift-Att, Chen et al.,
 2020), which the literature found better on 6-layer models of large corpora; on qkv's Multi30k models it
-is far worse (docs/alignment.md). Pharaoh pairs are
+is far worse (docs/translation.md). Pharaoh pairs are
 "source-target" word indices, 0-based, in whitespace-separated words of the detokenized text; with
 ``pieces=True`` they are indices of the SentencePiece pieces instead (EOS left out).
 """
@@ -38,7 +38,7 @@ METHODS = ("attention", "norm", "alti")
 ROWS = ("input", "predict")
 # The default reading: value norms where the word is predicted, at the middle decoder layer (layer
 # n // 2, 1-based, of n), chosen on the En-De gold set of Multi30k val (benchmarks/gold/multi30k-val.en-de:
-# AER 25.5 against 39.9 for the last layer's weights; docs/alignment.md gives every method, reading and layer).
+# AER 25.5 against 39.9 for the last layer's weights; docs/translation.md gives every method, reading and layer).
 DEFAULT_METHOD, DEFAULT_ROW = "norm", "predict"
 
 
