@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from qkv.io import checkpoint
-from qkv.inspect.align import align
+from qkv.inspect.align import align, alignment_error_rate
 from qkv.data.corpus import load_multi30k
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,12 +49,8 @@ def parse(line: str) -> Links:
 
 
 def scores(predicted: list[Links], sure: list[Links], possible: list[Links]) -> dict[str, float]:
-    """AER = 1 - (|A & S| + |A & P|) / (|A| + |S|), summed over the corpus; precision vs P, recall vs S."""
-    a = sum(len(x) for x in predicted)
-    s = sum(len(x) for x in sure)
-    a_s = sum(len(x & y) for x, y in zip(predicted, sure))
-    a_p = sum(len(x & y) for x, y in zip(predicted, possible))
-    return {"aer": 1 - (a_s + a_p) / (a + s), "precision": a_p / a, "recall": a_s / s}
+    """AER, precision and recall over the corpus (``qkv align --gold``'s measure)."""
+    return alignment_error_rate([sorted(x) for x in predicted], list(zip(sure, possible)))
 
 
 def main() -> None:

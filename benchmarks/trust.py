@@ -31,7 +31,8 @@ import torch
 from qkv.infer.search import DecodeConfig
 from qkv.infer.translator import Translator
 from qkv.cli.trust import calibrate
-from qkv.inspect.calibrate import KINDS, precision_at_recall, roc_auc, synthetic_pairs
+from qkv.inspect.calibrate import FLAG_OF, KINDS, precision_at_recall, roc_auc, synthetic_pairs
+from qkv.infer.bleu import sentence_chrf
 from qkv.inspect.trust import assess, spearman
 from qkv.io import checkpoint
 
@@ -94,7 +95,7 @@ def synthetic(result: dict, model, tok, src: list[str], ref: list[str], calibrat
     by_kind = {k: [detectors(t) for t, (kind, _, _) in zip(trusts, report) if kind == k] for k in KINDS}
     result["synthetic"] = {"pairs_per_kind": len(by_kind["correct"]),
                            "detectors": table({k: v for k, v in by_kind.items() if k != "correct"}, by_kind["correct"])}
-    flag_of = {"detached": "detached", "partly-detached": "partly-detached", "oscillation": "repetition", "copy": "copy", "omission": "omission"}
+    flag_of = {kind: flag for kind, (flag, _, _) in FLAG_OF.items()}
     result["synthetic"]["flags"] = {
         kind: {"flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == kind) / len(by_kind[kind]), 4),
                "correct_flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == "correct") / len(by_kind["correct"]), 4)}
@@ -120,8 +121,6 @@ def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, cali
 
 
 def test_part(result: dict, model, tok, read, calibration: dict, translations: str | None) -> None:
-    from sacrebleu.metrics import CHRF
-
     test_src, test_ref = read("test_2016_flickr", "en"), read("test_2016_flickr", "de")
     if translations is not None:  # the beam-5 translations benchmarks/trust_cost.py saved
         hyps = Path(translations).read_text(encoding="utf-8").splitlines()
@@ -138,7 +137,7 @@ def test_part(result: dict, model, tok, read, calibration: dict, translations: s
     trust_s = time.perf_counter() - start
     result["cost_200_test_sentences"] = {"search_seconds": round(search_s, 2), "trust_seconds": round(trust_s, 2),
                                          "added": round(trust_s / search_s, 4), "threads": torch.get_num_threads()}
-    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(hyps, test_ref)]
+    chrf = sentence_chrf(hyps, test_ref)
     result["test_spearman_with_chrf"] = {
         name: round(spearman([-detectors(t)[name] for t in test_trusts], chrf), 4) for name in ("logprob", "attention", "alti", "confidence")}
     result["test_flagged"] = sum(bool(t.flags) for t in test_trusts)

@@ -142,14 +142,13 @@ def evaluate(args: argparse.Namespace) -> int:
 def print_trust(args: argparse.Namespace, model, tokenizer, sources: list[str], references: list[str], hypotheses: list[str]) -> None:
     """``evaluate --confidence``: Spearman correlations of the confidence and of the mean token log-probability
     with sentence chrF, and the flagged lines (1-based), at most 20 of them shown."""
-    from sacrebleu.metrics import CHRF
-
     from qkv.cli.trust import trust_model
+    from qkv.infer.bleu import sentence_chrf
     from qkv.inspect.trust import assess, spearman
 
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
     trusts = assess(model, tokenizer, sources, hypotheses, calibration=calibration)
-    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+    chrf = sentence_chrf(hypotheses, references)
     rho = spearman([t.confidence for t in trusts], chrf)
     rho_lp = spearman([t.features["logprob_mean"] for t in trusts], chrf)
     flagged = [(i, t) for i, t in enumerate(trusts, 1) if t.flags]

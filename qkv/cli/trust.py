@@ -61,8 +61,7 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 def calibrate(model, tokenizer, sources: list[str], references: list[str], *, name: str) -> dict:
     """Fit a calibration on validation pairs: the made-up labelled pairs, and the model's own beam-5
     translations of the sources (its length penalty) scored by sentence chrF against the references."""
-    from sacrebleu.metrics import CHRF
-
+    from qkv.infer.bleu import sentence_chrf
     from qkv.infer.search import DecodeConfig
     from qkv.infer.translator import Translator
     from qkv.inspect.calibrate import fit, synthetic_pairs
@@ -73,7 +72,7 @@ def calibrate(model, tokenizer, sources: list[str], references: list[str], *, na
           f"from {name} ...", file=sys.stderr)
     alpha = getattr(model, "decode_defaults", {}).get("length_penalty", 0.6)
     own = Translator(model, tokenizer, DecodeConfig(beam_size=5, length_penalty=alpha)).translate(sources)
-    chrf = [CHRF().sentence_score(h, [r]).score for h, r in zip(own, references)]
+    chrf = sentence_chrf(own, references)
     trusts = assess(model, tokenizer, [s for _, s, _ in made], [t for _, _, t in made])
     own_trusts = assess(model, tokenizer, sources, own)
     return fit(trusts, [k for k, _, _ in made], name=f"{len(made)} pairs and {len(own)} translations from {name}",

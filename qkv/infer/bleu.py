@@ -32,6 +32,14 @@ def score(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
     }
 
 
+def sentence_chrf(hypotheses: list[str], references: list[str]) -> list[float]:
+    """sacreBLEU's chrF (0-100) of each hypothesis against its one reference, one metric object for all."""
+    if len(hypotheses) != len(references):
+        raise QkvError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    chrf = CHRF()
+    return [chrf.sentence_score(h, [r]).score for h, r in zip(hypotheses, references)]
+
+
 def format_scores(scores: dict[str, Any]) -> str:
     return "\n".join(
         [

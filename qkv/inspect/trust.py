@@ -34,6 +34,7 @@ import torch
 
 from qkv.data.corpus import collate
 from qkv.errors import QkvError
+from qkv.infer.bleu import sentence_chrf
 from qkv.io.manifest import CONFIDENCE
 from qkv.inspect.contributions import contributions
 from qkv.inspect.visualize import group_words
@@ -108,11 +109,9 @@ def char_repeats(text: str, max_n: int = 3) -> int:
 
 def copy_score(source: str, translation: str) -> float:
     """chrF (sacreBLEU's, in [0, 1]) of the translation against the source itself."""
-    from sacrebleu.metrics import CHRF
-
     if not source.strip() or not translation.strip():
         return 0.0
-    return CHRF().sentence_score(translation, [source]).score / 100
+    return sentence_chrf([translation], [source])[0] / 100
 
 
 def _ranks(values: list[float]) -> list[float]:
