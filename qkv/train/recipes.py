@@ -158,6 +158,17 @@ class Preset:
     model_overrides: tuple[tuple[str, Any], ...] = ()
 
 
+def _paper(model: str, *, d_model: int, max_steps: int, eval_every: int, last: int) -> Preset:
+    """One of the paper's recipes (the comment above ``paper-base`` below): base and big differ only here."""
+    return Preset(
+        model,
+        TrainConfig(max_tokens=6250, step_tokens=25000, lr=(d_model * 4000) ** -0.5, warmup_steps=4000, decay="inverse_sqrt",
+                    clip_norm=0.0, label_smoothing=0.1, max_steps=max_steps, eval_every=eval_every, keep_last=last,
+                    average_last=last, valid_beam=4, tune_length_penalty=False),
+        DataConfig(vocab_size=37000),
+    )
+
+
 # Recipes measured on a 2-core CPU (docs/results.md and docs/recipes.md say what each reached).
 TRAIN_PRESETS: dict[str, Preset] = {
     "tiny": Preset(
@@ -188,20 +199,8 @@ TRAIN_PRESETS: dict[str, Preset] = {
     # (d_model * warmup)^-0.5; no gradient clipping; label smoothing 0.1; dropout 0.1 (base) and 0.3
     # (big, in the model preset); 100,000 and 300,000 updates; the last 5 and 20 checkpoints averaged
     # (about the paper's 10-minute intervals on its 8 P100s); beam 4 (validation) and alpha 0.6, not tuned.
-    "paper-base": Preset(
-        "base",
-        TrainConfig(max_tokens=6250, step_tokens=25000, lr=(512 * 4000) ** -0.5, warmup_steps=4000, decay="inverse_sqrt",
-                    clip_norm=0.0, label_smoothing=0.1, max_steps=100_000, eval_every=1400, keep_last=5, average_last=5,
-                    valid_beam=4, tune_length_penalty=False),
-        DataConfig(vocab_size=37000),
-    ),
-    "paper-big": Preset(
-        "big",
-        TrainConfig(max_tokens=6250, step_tokens=25000, lr=(1024 * 4000) ** -0.5, warmup_steps=4000, decay="inverse_sqrt",
-                    clip_norm=0.0, label_smoothing=0.1, max_steps=300_000, eval_every=600, keep_last=20, average_last=20,
-                    valid_beam=4, tune_length_penalty=False),
-        DataConfig(vocab_size=37000),
-    ),
+    "paper-base": _paper("base", d_model=512, max_steps=100_000, eval_every=1400, last=5),
+    "paper-big": _paper("big", d_model=1024, max_steps=300_000, eval_every=600, last=20),
 }
 
 
