@@ -169,7 +169,7 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributi
     from_source = torch.cat([rollout, rollout.new_zeros(B, S, T)], dim=-1)  # (B, S, S + T)
     alti = torch.cat([rollout.new_zeros(B, T, S), torch.eye(T, dtype=x.dtype, device=x.device).expand(B, T, T)], dim=-1)
     y = model._embed(model.tgt_embed, tgt_in)  # (B, T, D)
-    out = Contributions([], [], [], [], encoder_alti, memory, y)
+    weights, head_norms, norms, altis = [], [], [], []
     for layer in model.decoder_layers:
         block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
         alti = alti_shares(block.parts) @ alti  # (B, T, T) @ (B, T, S + T)
@@ -177,12 +177,11 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributi
         shares = alti_shares(cross.parts)  # (B, T, S + 1): the source tokens, then the residual
         alti = shares[..., :S] @ from_source + shares[..., S:] * alti  # (B, T, S + T)
         y, _ = layer.ff_sublayer(cross.output, lambda h, layer=layer: (layer.feed_forward(h), None))
-        out.weights.append(cross.weights)
-        out.head_norms.append(cross.head_norms)
-        out.norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
-        out.alti.append(alti)
-    out.hidden = model.decoder_norm(y)
-    return out
+        weights.append(cross.weights)
+        head_norms.append(cross.head_norms)
+        norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
+        altis.append(alti)
+    return Contributions(weights, head_norms, norms, altis, encoder_alti, memory, model.decoder_norm(y))
 
 
 def reading(found: Contributions, method: str, layer: int) -> Tensor:
