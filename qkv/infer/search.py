@@ -10,7 +10,7 @@ follows its live sentences, not its longest one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -46,21 +46,28 @@ class DecodeConfig:
     """How to search. The maximum output length is ``max_len_a * source_length + max_len_b``, where
     ``source_length`` counts a sentence's own tokens and its EOS (not the batch's padding)."""
 
-    beam_size: int = 5
-    length_penalty: float = 0.6  # alpha of GNMT's ((5 + length) / 6) ** alpha; 0 disables it
-    max_len_a: float = 1.5
-    max_len_b: int = 10
-    n_best: int = 1
+    beam_size: int = 5  # >= 1; hypotheses kept per sentence at each step (1: greedy search)
+    length_penalty: float = 0.6  # >= 0; alpha of GNMT's ((5 + length) / 6) ** alpha; 0 disables it
+    max_len_a: float = 1.5  # >= 0; the output length limit is max_len_a * source length + max_len_b
+    max_len_b: int = 10  # added to that limit
+    n_best: int = 1  # at least 1 and at most beam_size; translations returned per sentence, best first
     # Stop a sentence as soon as it has beam_size finished hypotheses (CTranslate2's and fairseq's
     # rule), instead of when no live beam can still beat them: faster, and not always the best.
     stop_early: bool = False
     # Sampling instead of search: each token drawn from softmax(logits / temperature), restricted to
     # the top_k most likely tokens (0: all) and to the smallest set holding top_p of the probability.
     sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    temperature: float = 1.0  # > 0; with sampling, the logits are divided by it (below 1: sharper)
+    top_k: int = 0  # >= 0; with sampling, only the top_k most likely tokens (0: all)
+    top_p: float = 1.0  # in (0, 1]; with sampling, only the smallest set of tokens holding top_p of the probability
     seed: int = 0  # with the same seed, a sentence gets the same sample, however it is batched
+    # fairseq's and CTranslate2's no_repeat_ngram_size: no n-gram of this many tokens occurs twice in
+    # an output (0: off, the exact search).
+    no_repeat_ngram_size: int = 0
+    # The loop guard (0: off, the exact search): a sentence whose output loops (``loops``: a run of one
+    # to four tokens repeated LOOP_REPEATS times back to back, or no EOS before the length limit) is
+    # searched again with no repeated n-gram of this size. Outputs that do not loop stay as they were.
+    loop_guard: int = 0
 
     def __post_init__(self) -> None:
         check_types(self, "decode")
@@ -76,6 +83,8 @@ class DecodeConfig:
             raise ConfigError(f"length_penalty must be >= 0, got {self.length_penalty}")
         if self.max_len_a < 0:
             raise ConfigError(f"max_len_a must be >= 0, got {self.max_len_a}")
+        if self.no_repeat_ngram_size < 0 or self.loop_guard < 0:
+            raise ConfigError("no_repeat_ngram_size and loop_guard must be >= 0 (0: off)")
 
     @classmethod
     def from_dict(cls, data: dict) -> DecodeConfig:
@@ -217,6 +226,48 @@ def sample_tokens(logits: Tensor, generators: list[torch.Generator], config: Dec
     return torch.searchsorted(cumulative, u[:, None], right=True).squeeze(1).clamp(max=V - 1)
 
 
+def repeated_ngram_ban(history: Tensor, n: int, vocab_size: int) -> Tensor:
+    """An additive (R, V) mask: -inf for each token that would complete an n-gram already in its row's
+    ``history`` (R, t), 0 elsewhere (fairseq's ``no_repeat_ngram_size``). All zeros while t < n."""
+    R, t = history.shape
+    ban = torch.zeros(R, vocab_size, device=history.device)
+    if t < n:
+        return ban
+    windows = history.unfold(1, n, 1)  # (R, t - n + 1, n) every n-gram so far
+    match = (windows[:, :, : n - 1] == history[:, None, t - n + 1 :]).all(dim=2)  # (R, t - n + 1) starts as the last n - 1 do
+    blocked = torch.zeros(match.shape, device=history.device).masked_fill_(match, float("-inf"))
+    return ban.scatter_add_(1, windows[:, :, -1], blocked)
+
+
+def _ban_repeats(scores: Tensor, history: Tensor, n: int, subset: OutputSubset | None, per_row: int) -> Tensor:
+    """``scores`` (R, V) or (R, U) with ``repeated_ngram_ban`` added; R = sentences x ``per_row`` rows.
+    Over a subset, the ban of each row's own ids (a sentence's ``per_row`` beams share its ids)."""
+    if n == 0 or history.size(1) < n:
+        return scores
+    if subset is None:
+        return scores + repeated_ngram_ban(history, n, scores.size(-1))
+    ban = repeated_ngram_ban(history, n, int(subset.ids.max()) + 1)  # (R, max id + 1)
+    ids = subset.ids.repeat_interleave(per_row, dim=0) if subset.ids.size(0) > 1 else subset.ids.expand(ban.size(0), -1)
+    return scores + ban.gather(1, ids)
+
+
+LOOP_REPEATS = 3  # back-to-back copies of a run of one to four tokens that make an output a loop
+
+
+def loops(tokens: list[int], limit: int, max_n: int = 4) -> bool:
+    """Whether an output loops: it has a run of one to ``max_n`` tokens ``LOOP_REPEATS`` times back to
+    back ("▁A ▁A ▁A", "▁der ▁Fahrer ▁der ▁Fahrer ▁der ▁Fahrer"), or it reached the length limit
+    ``limit`` without an EOS (a loop that runs out of room)."""
+    if len(tokens) >= limit:
+        return True
+    for n in range(1, max_n + 1):
+        for start in range(len(tokens) - LOOP_REPEATS * n + 1):
+            gram = tokens[start : start + n]
+            if all(tokens[start + r * n : start + (r + 1) * n] == gram for r in range(1, LOOP_REPEATS)):
+                return True
+    return False
+
+
 def restricted(
     vocab: list[Tensor] | None, suppress: tuple[int, ...], eos_id: int, device: torch.device, *, shared: bool,
 ) -> tuple[OutputSubset | None, tuple[int, ...]]:
@@ -282,6 +333,9 @@ def greedy_search(
         logits, _ = _decode(model, last, memory, src_mask, state, subset)  # (b, 1, V), or (b, 1, U)
         if suppress:
             logits[:, -1, list(suppress)] = float("-inf")
+        if config.no_repeat_ngram_size:
+            history = torch.tensor([outputs[s] for s in alive.tolist()], dtype=torch.long, device=src.device).view(alive.numel(), step)
+            logits = _ban_repeats(logits[:, -1], history, config.no_repeat_ngram_size, subset, 1)[:, None]
         if config.sampling:
             next_tokens = sample_tokens(logits[:, -1], [generators[i] for i in alive.tolist()], config)  # (b,)
         else:
@@ -339,6 +393,9 @@ def beam_search(
         log_probs = logits[:, -1].float().log_softmax(dim=-1).view(b, k, -1)  # (b, k, V)
         if suppress:
             log_probs[:, :, list(suppress)] = float("-inf")
+        if config.no_repeat_ngram_size:
+            log_probs = _ban_repeats(log_probs.view(b * k, -1), history.view(b * k, step), config.no_repeat_ngram_size,
+                                     subset, k).view(b, k, -1)
         top, beam, token = beam_candidates(scores, log_probs, min(2 * K, k * log_probs.size(2)))  # (b, 2K)
         if subset is not None:
             token = subset.positions_to_ids(token)  # (b, 2K) positions in each sentence's ids -> target ids
@@ -410,7 +467,31 @@ def search(
 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
     beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output.
-    ``vocab``: for each sentence, the only target ids to score (``Shortlist.vocab``); None: all."""
+    ``vocab``: for each sentence, the only target ids to score (``Shortlist.vocab``); None: all.
+    With ``config.loop_guard``, the sentences whose best output ``loops`` are searched again (the
+    config's comment); the others keep what the first search found."""
+    found = _search_once(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress, vocab=vocab)
+    if not config.loop_guard:
+        return found
+    lengths = (src != model.config.pad_id).sum(dim=1).tolist()  # each sentence's tokens and EOS, as _output_limits counts
+    again = [i for i, hyps in enumerate(found) if loops(hyps[0].tokens, max_output_length(model, lengths[i], config))]
+    if not again:
+        return found
+    retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
+    rows = torch.tensor(again, device=src.device)
+    redone = _search_once(
+        model, src[rows], bos_id=bos_id, eos_id=eos_id, config=retry, suppress=suppress,
+        seeds=None if seeds is None else [seeds[i] for i in again], vocab=None if vocab is None else [vocab[i] for i in again],
+    )
+    for i, hyps in zip(again, redone):
+        found[i] = hyps
+    return found
+
+
+def _search_once(
+    model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None,
+    suppress: tuple[int, ...], vocab: list[Tensor] | None,
+) -> list[list[Hypothesis]]:
     if config.beam_size == 1:
         outputs = greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress, vocab=vocab)
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in outputs]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from collections import Counter
 
@@ -22,7 +23,9 @@ from qkv.infer.search import (
     beam_search,
     greedy_search,
     length_penalty,
+    loops,
     max_output_length,
+    repeated_ngram_ban,
     search,
     split_candidates,
 )
@@ -570,3 +573,67 @@ def test_an_all_padding_source_row_takes_the_general_path():
     assert not incremental.applies(model, torch.full((2, 1), BOS), src_mask, state, False)
     logits, _ = model.decode(torch.full((2, 1), BOS), memory, src_mask, state=state)
     assert torch.isfinite(logits).all()
+
+
+# ---- the loop guard and the repeated-n-gram ban (issue 66) --------------------------------------
+
+
+def test_the_repeated_ngram_ban_on_hand_made_histories():
+    history = torch.tensor([[5, 6, 5], [5, 6, 7], [4, 4, 4]])
+    ban = repeated_ngram_ban(history, 2, 9)
+    assert ban[0].tolist() == [0] * 6 + [NEG_INF] + [0] * 2  # "5 6" was seen: after "5", 6 would repeat it
+    assert (ban[1] == 0).all()  # "7" never started a bigram
+    assert ban[2, 4] == NEG_INF and (ban[2, :4] == 0).all()
+    assert repeated_ngram_ban(history, 1, 9)[1, [5, 6, 7]].tolist() == [NEG_INF] * 3
+    assert (repeated_ngram_ban(history, 4, 9) == 0).all()  # shorter than n: nothing to repeat
+
+
+def _repeats_an_ngram(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_repeat_ngram_size_leaves_no_ngram_twice(beam_size):
+    model = make_model(2, never_eos=True)  # runs to its limit: 2 * 9 + 4 tokens from 19 - 4 ids
+    src_ids = sources([4, 8], seed=2)
+    plain = search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=DecodeConfig(beam_size=beam_size, max_len_a=2.0, max_len_b=4))
+    assert any(_repeats_an_ngram(h[0].tokens, 2) for h in plain)  # what the ban is for
+    config = DecodeConfig(beam_size=beam_size, max_len_a=2.0, max_len_b=4, no_repeat_ngram_size=2)
+    for hyps in search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config):
+        assert not _repeats_an_ngram(hyps[0].tokens, 2)
+    # over a shortlist's ids too (each sentence's own subset of the vocabulary)
+    vocab = [torch.arange(4, 16), torch.arange(8, V)]
+    for hyps in search(model, batch(src_ids), bos_id=BOS, eos_id=EOS, config=config, vocab=vocab):
+        assert not _repeats_an_ngram(hyps[0].tokens, 2)
+
+
+def test_what_counts_as_a_loop():
+    assert loops([7, 7, 7], limit=20) and loops([4, 5, 6, 4, 5, 6, 4, 5, 6, 9], limit=20)
+    assert not loops([7, 7, 8, 7], limit=20) and not loops([4, 5, 4, 5, 6], limit=20)
+    assert loops([4, 5, 6, 7], limit=4)  # no EOS before the length limit
+    assert not loops([], limit=4)
+
+
+def test_the_loop_guard_searches_again_only_the_sentences_that_loop():
+    # "a" loops ("a a a ...") where the prefix is not in the table; after "b" the model ends at once
+    a, b = 3, 4
+    looping = ScriptedModel({(): {a: 0.6, b: 0.4}, (b,): {2: 0.9, a: 0.1}, **{(a,) * n: {a: 0.9, 2: 0.1} for n in range(1, 12)}})
+    config = DecodeConfig(beam_size=2, length_penalty=1.0, max_len_a=0.0, max_len_b=10)
+    (plain,) = beam_search(looping, torch.tensor([[3, 2]]), bos_id=1, eos_id=2, config=config)
+    assert loops(plain[0].tokens, 10)
+    guarded = search(looping, torch.tensor([[3, 2]]), bos_id=1, eos_id=2, config=replace(config, loop_guard=1))
+    assert not loops(guarded[0][0].tokens, 10)
+    # a sentence that does not loop keeps the first search's result, hypothesis for hypothesis
+    model, src = make_model(4), batch(sources([6, 3, 9], seed=4))
+    for beam_size in (1, 3):
+        config = DecodeConfig(beam_size=beam_size, n_best=1)
+        off = search(model, src, bos_id=BOS, eos_id=EOS, config=config)
+        on = search(model, src, bos_id=BOS, eos_id=EOS, config=replace(config, loop_guard=2))
+        limits = [max_output_length(model, n + 1, config) for n in (6, 3, 9)]
+        for first, guarded, limit in zip(off, on, limits):
+            if not loops(first[0].tokens, limit):
+                assert guarded[0].tokens == first[0].tokens
+                assert guarded[0].score == first[0].score or math.isnan(first[0].score)
+            else:
+                assert not _repeats_an_ngram(guarded[0].tokens, 2)
