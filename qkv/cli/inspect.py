@@ -193,7 +193,10 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, batch_tokens=None)  # one sentence: no batches
     device_arg(p)
     p.add_argument("sentence", help="the source sentence to translate and inspect")
-    p.add_argument("--kind", choices=["cross", "enc-self", "dec-self"], default="cross", help="which attention to draw")
+    p.add_argument("--kind", choices=["cross", "enc-self", "dec-self", "norm", "alti"], default="cross",
+                   help="what to draw: attention weights (cross, enc-self, dec-self), or what each source token "
+                        "contributed to each prediction (norm: value norms; alti: ALTI+, the source's share); "
+                        "the HTML page holds them all")
     p.add_argument("--layer", type=int, default=-1, help="layer to draw, 1-based (default: the last)")
     p.add_argument("--head", type=int, help="draw only this head, 1-based like --layer (default: every head and their average)")
     p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
@@ -206,7 +209,9 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
 def attend(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
     from qkv.io.outputs import check_output, output_file, read_dirs
-    from qkv.inspect.visualize import capture_attention, plot_attention, word_alignment, write_html
+    from qkv.inspect.align import default_layer
+    from qkv.inspect.trust import assess, calibration_of
+    from qkv.inspect.visualize import align_words, capture_attention, group_words, plot_attention, write_html
 
     if args.trace and Path(args.trace).resolve() == Path(args.out).resolve():
         raise QkvError("--trace and --out name the same files (OUT.png, OUT.html): give them different names")
@@ -215,7 +220,7 @@ def attend(args: argparse.Namespace) -> int:
         if path:
             check_output(path, force=args.force, reads=reads)
     loaded = checkpoint.load(args.checkpoint, device=device_of(args))
-    capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, decode_config(args))
+    capture = capture_attention(loaded.model, loaded.tokenizer, args.sentence, decode_config(args), contributions=True)
     n_layers = capture.weights(args.kind).size(0)
     layer = args.layer - 1 if args.layer > 0 else args.layer
     if not -n_layers <= layer < n_layers:
@@ -229,11 +234,23 @@ def attend(args: argparse.Namespace) -> int:
     if args.json:
         with output_file(args.json, force=args.force) as handle:
             json.dump(capture.to_json(), handle)
+    (trust,) = assess(loaded.model, loaded.tokenizer, [capture.source], [capture.translation],
+                      calibration=calibration_of(loaded.path))
     print(f"source:      {capture.source}")
     print(f"translation: {capture.translation}")
-    print("word alignment (last layer's cross-attention, averaged over heads):")
-    for tgt_word, src_word, weight in word_alignment(capture):
-        print(f"  {tgt_word:>20}  <-  {src_word:<20} {weight:.2f}")
+    print(f"confidence:  {trust.confidence:.2f} (0 to 1, higher is more trustworthy); flags: {', '.join(trust.flags) or 'none'}")
+    for flag, why in trust.why.items():
+        print(f"  {flag}: {why}")
+    middle = default_layer(len(loaded.model.decoder_layers))
+    print(f"word alignment (value-norm contributions at decoder layer {middle + 1}, as qkv align), and how much of "
+          "each word came from the source (ALTI+; ! marks a word not to trust):")
+    src_words = [w for w, _ in group_words(capture.src_tokens) if w != "</s>"]
+    tgt_words = [w for w, _ in group_words(capture.tgt_tokens) if w != "</s>"]
+    for (i, j, weight), word in zip(align_words(capture.norms[middle, 0], capture.src_tokens, capture.tgt_tokens), trust.words):
+        mark = "!" if word["marked"] else " "
+        print(f"  {tgt_words[j]:>20}  <-  {src_words[i]:<20} {weight:.2f}   from source {word['source']:.2f} {mark}")
+    if trust.unused_words:
+        print(f"source words no target word used: {', '.join(src_words[i] for i in trust.unused_words if i < len(src_words))}")
     print(f"wrote {png} and {page}")
     if args.trace:
         print(f"beam trace: {', '.join(map(str, write_trace(loaded.model, loaded.tokenizer, args.sentence, decode_config(args), args.trace, force=args.force)))}")

@@ -20,7 +20,7 @@ import random
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import FEATURES, FLAGS, Trust
+from qkv.inspect.trust import FEATURES, FLAG_FEATURE, FLAGS, Trust
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
@@ -28,8 +28,9 @@ KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omiss
 # natural pairs of val (docs/trust.md): any hallucination at ROC AUC 0.79 with 1, 0.58 with 4.
 OWN_WEIGHT = 1.0
 MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
-FLAG_OF = {"detached": ("detached", "source_mean", -1), "partly-detached": ("partly-detached", "source_min", -1),
-           "oscillation": ("repetition", "repeats", +1), "copy": ("copy", "copy", +1), "omission": ("omission", "unused", +1)}
+FLAG_OF = {kind: (flag, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for kind, flag in (
+    ("detached", "detached"), ("partly-detached", "partly-detached"), ("oscillation", "repetition"), ("copy", "copy"),
+    ("omission", "omission"))}
 
 
 def synthetic_pairs(sources: list[str], references: list[str], *, seed: int = 1) -> list[tuple[str, str, str]]:

@@ -45,6 +45,7 @@ FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source
 FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
+LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
 
 # What `qkv calibrate` fitted on the En->De model of docs/trust.md (val lines 1-507; benchmarks/trust.py).
 DEFAULT_CALIBRATION: dict = {
@@ -70,9 +71,10 @@ class Trust:
     features: dict[str, float]
     unused_words: list[int] = field(default_factory=list)
     words: list[dict] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # each flag's reason: its feature against its threshold
 
     def to_json(self, *, words: bool = True) -> dict:
-        out = {"confidence": round(self.confidence, 4), "flags": self.flags,
+        out = {"confidence": round(self.confidence, 4), "flags": self.flags, "why": self.why,
                "features": {k: round(v, 4) for k, v in self.features.items()}, "unused_source_words": self.unused_words}
         if words:
             out["words"] = self.words
@@ -175,23 +177,34 @@ def confidence_of(features: dict[str, float], calibration: dict) -> float:
     return 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
 
 
+# Each flag's feature, and whether it flags below (True) or at and above (False) its threshold.
+FLAG_FEATURE = {"detached": ("source_mean", True), "partly-detached": ("source_min", True),
+                "repetition": ("repeats", False), "copy": ("copy", False), "omission": ("unused", False)}
+_SAYS = {"source_mean": "the source's mean share of the predictions", "source_min": "the source's share over its weakest three tokens",
+         "repeats": "an n-gram's repeats in a row, less two", "copy": "the translation's chrF against its own source",
+         "unused": "the fraction of source words no target word used"}
+
+
 def flags_of(features: dict[str, float], thresholds: dict[str, float | None]) -> list[str]:
     """The flags whose feature crosses its threshold (a None threshold never flags: calibration found
-    no cut that flags more of its kind than of the correct pairs)."""
-    def below(flag: str, feature: str) -> bool:
-        return thresholds[flag] is not None and features[feature] < thresholds[flag]
+    no cut that flags more of its kind than of the correct pairs). A detached translation is not also
+    partly detached."""
+    def crosses(flag: str) -> bool:
+        feature, below = FLAG_FEATURE[flag]
+        limit = thresholds[flag]
+        return limit is not None and (features[feature] < limit if below else features[feature] >= limit)
 
-    def above(flag: str, feature: str) -> bool:
-        return thresholds[flag] is not None and features[feature] >= thresholds[flag]
+    flags = [flag for flag in FLAGS if crosses(flag)]
+    return [f for f in flags if not (f == "partly-detached" and "detached" in flags)]
 
-    flags = []
-    if below("detached", "source_mean"):
-        flags.append("detached")
-    elif below("partly-detached", "source_min"):
-        flags.append("partly-detached")
-    flags += [flag for flag, feature in (("repetition", "repeats"), ("copy", "copy"), ("omission", "unused"))
-              if above(flag, feature)]
-    return flags
+
+def why_flagged(flags: list[str], features: dict[str, float], thresholds: dict[str, float | None]) -> dict[str, str]:
+    """Each flag's reason in words: its feature, its value and the threshold it crossed."""
+    out = {}
+    for flag in flags:
+        feature, below = FLAG_FEATURE[flag]
+        out[flag] = f"{_SAYS[feature]} ({feature}) is {features[feature]:.3f}, {'below' if below else 'at or above'} {thresholds[flag]:.3f}"
+    return out
 
 
 def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], share: torch.Tensor,
@@ -223,7 +236,9 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(float(share[r]) for r in rows)
         words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
                       "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
-    return Trust(confidence_of(features, calibration), flags_of(features, calibration["thresholds"]), features, unused, words)
+    flags = flags_of(features, calibration["thresholds"])
+    return Trust(confidence_of(features, calibration), flags, features, unused, words,
+                 why_flagged(flags, features, calibration["thresholds"]))
 
 
 @torch.inference_mode()
@@ -252,6 +267,7 @@ def assess(
         ))  # (B, S), (B, T), (B, T)
         found = contributions(model, src, tgt_in)
         log_probs = model.generator(found.hidden).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
+        log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
         source_part = found.alti[-1][..., :S].double()  # (B, T, S)
         attention = found.weights[-1].mean(dim=1).double()  # (B, H, T, S) -> (B, T, S)

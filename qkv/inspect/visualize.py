@@ -18,19 +18,26 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from qkv.errors import QkvError
 from qkv.infer.search import DecodeConfig, search
+from qkv.inspect.contributions import contributions as find_contributions
 from qkv.io.outputs import output_file
 from qkv.model.transformer import Transformer
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import collate_sources, suppressed_tokens
 
-Kind = Literal["cross", "enc-self", "dec-self"]
-KINDS: tuple[Kind, ...] = ("cross", "enc-self", "dec-self")
+Kind = Literal["cross", "enc-self", "dec-self", "norm", "alti"]
+KINDS: tuple[Kind, ...] = ("cross", "enc-self", "dec-self", "norm", "alti")
+CONTRIBUTION_KINDS = ("norm", "alti")  # what each source token contributed, not where a head looked
 
 
 @dataclass
 class AttentionCapture:
-    """The weights of one translated sentence. Each tensor is (L, H, queries, keys)."""
+    """The weights of one translated sentence. Each tensor is (L, H, queries, keys). With contributions
+    (``qkv.inspect.contributions``), also per decoder layer, as one "head" (L, 1, T, S): ``norms``, the
+    value norms ||sum_h alpha_ij f(x_j)|| scaled so that each row sums to 1, and ``alti``, ALTI+'s
+    share of each source token in each prediction (a row sums to the source's share; the rest is the
+    target prefix's)."""
 
     source: str
     translation: str
@@ -39,9 +46,15 @@ class AttentionCapture:
     encoder: Tensor  # (L, H, S, S)
     decoder_self: Tensor  # (L, H, T, T)
     cross: Tensor  # (L, H, T, S)
+    norms: Tensor | None = None  # (L, 1, T, S)
+    alti: Tensor | None = None  # (L, 1, T, S)
 
     def weights(self, kind: Kind) -> Tensor:
-        return {"cross": self.cross, "enc-self": self.encoder, "dec-self": self.decoder_self}[kind]
+        found = {"cross": self.cross, "enc-self": self.encoder, "dec-self": self.decoder_self, "norm": self.norms,
+                 "alti": self.alti}[kind]
+        if found is None:
+            raise QkvError(f"this capture has no {kind} contributions: capture it with contributions=True")
+        return found
 
     def axes(self, kind: Kind) -> tuple[list[str], list[str]]:
         """(query labels for the rows, key labels for the columns)."""
@@ -49,7 +62,7 @@ class AttentionCapture:
             "cross": (self.tgt_tokens, self.src_tokens),
             "enc-self": (self.src_tokens, self.src_tokens),
             "dec-self": (self.tgt_tokens, self.tgt_tokens),
-        }[kind]
+        }.get(kind, (self.tgt_tokens, self.src_tokens))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,36 +73,50 @@ class AttentionCapture:
             "encoder": self.encoder.tolist(),
             "decoder_self": self.decoder_self.tolist(),
             "cross": self.cross.tolist(),
+            **({} if self.norms is None else {"norm": self.norms.tolist(), "alti": self.alti.tolist()}),
         }
 
 
 @torch.inference_mode()
 def capture_attention(
-    model: Transformer, tokenizer: TextTokenizer, sentence: str, config: DecodeConfig | None = None
+    model: Transformer, tokenizer: TextTokenizer, sentence: str, config: DecodeConfig | None = None, *,
+    contributions: bool = False,
 ) -> AttentionCapture:
-    """Translate ``sentence`` and return all attention weights for the hypothesis the search returned."""
+    """Translate ``sentence`` and return all attention weights for the hypothesis the search returned
+    (and with ``contributions``, what each source token contributed)."""
     model.eval()
     config = config or DecodeConfig()
     src_ids = tokenizer.encode(sentence)[: model.config.max_len - 1]
     src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
     hyp = search(model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, config=config,
                  suppress=suppressed_tokens(tokenizer))[0][0].tokens
-    return attention_of(model, tokenizer, sentence, src_ids, hyp)
+    return attention_of(model, tokenizer, sentence, src_ids, hyp, contributions=contributions)
 
 
 @torch.inference_mode()
 def attention_of(
-    model: Transformer, tokenizer: TextTokenizer, sentence: str, src_ids: list[int], hyp: list[int]
+    model: Transformer, tokenizer: TextTokenizer, sentence: str, src_ids: list[int], hyp: list[int], *,
+    contributions: bool = False,
 ) -> AttentionCapture:
     """All attention weights of the model translating ``src_ids`` (the ids of ``sentence``) into ``hyp``
-    (target ids without BOS and EOS): one teacher-forced pass with ``need_weights=True``."""
+    (target ids without BOS and EOS): one teacher-forced pass with ``need_weights=True``; with
+    ``contributions``, one more that decomposes every block (``qkv.inspect.contributions``)."""
     model.eval()
     src = collate_sources([src_ids], pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id).to(model.device)  # (1, S)
     tgt = torch.tensor([[tokenizer.bos_id, *hyp]], device=model.device)  # (1, T): BOS + hypothesis, what the decoder read
     memory, src_mask, encoder = model.encode(src, need_weights=True)
     _, weights = model.decode(tgt, memory, src_mask, need_weights=True)
     stack = lambda ws: torch.stack([w[0] for w in ws]).float().cpu()  # noqa: E731  L x (1, H, q, k) -> (L, H, q, k)
+    norms = alti = None
+    if contributions:
+        found = find_contributions(model, src, tgt)
+        S = src.size(1)
+        norms = torch.stack([n[0] / n[0].sum(-1, keepdim=True).clamp(min=1e-12) for n in found.norms])  # (L, T, S)
+        alti = torch.stack([a[0, :, :S] for a in found.alti])  # L x (1, T, S + T) -> (L, T, S): the source's columns
+        norms, alti = norms[:, None].float().cpu(), alti[:, None].float().cpu()  # (L, 1, T, S)
     return AttentionCapture(
+        norms=norms,
+        alti=alti,
         source=sentence,
         translation=tokenizer.decode(hyp),
         src_tokens=tokenizer.pieces([*src_ids, tokenizer.eos_id]),
@@ -158,6 +185,8 @@ def token_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[st
 
 def _panels(capture: AttentionCapture, kind: Kind, layer: int, head: int | None) -> list[tuple[str, Tensor]]:
     weights = capture.weights(kind)[layer]  # (H, q, k)
+    if kind in CONTRIBUTION_KINDS:  # the heads together
+        return [("all heads", weights[0])]
     heads = [(f"head {h + 1}", weights[h]) for h in range(weights.size(0))]
     if head is not None:
         return [heads[head]]
@@ -198,7 +227,9 @@ def plot_attention(
                     if value >= 0.1:
                         ax.text(j, i, f"{value:.1f}", ha="center", va="center", fontsize=7, color="black" if value > 0.6 else "white")
         ax.set_title(title, fontsize=10)
-    label = {"cross": "cross-attention (target rows, source columns)", "enc-self": "encoder self-attention", "dec-self": "decoder masked self-attention"}[kind]
+    label = {"cross": "cross-attention (target rows, source columns)", "enc-self": "encoder self-attention",
+             "dec-self": "decoder masked self-attention", "norm": "value-norm contributions, rows scaled to 1",
+             "alti": "ALTI+ contributions of the source (rows sum to the source's share)"}[kind]
     layer_no = layer % n_layers + 1
     fig.suptitle(f"{label}, layer {layer_no} of {n_layers}\n{capture.source}  ->  {capture.translation}", fontsize=11)
     fig.tight_layout()
@@ -238,6 +269,7 @@ select { margin-right: 1em; }
 const DATA = %(data)s;
 const KINDS = {"cross": ["tgt_tokens", "src_tokens", "cross"], "enc-self": ["src_tokens", "src_tokens", "encoder"],
                "dec-self": ["tgt_tokens", "tgt_tokens", "decoder_self"]};
+if (DATA.alti) Object.assign(KINDS, {"norm": ["tgt_tokens", "src_tokens", "norm"], "alti": ["tgt_tokens", "src_tokens", "alti"]});
 const $ = (id) => document.getElementById(id);
 function options(select, values, chosen) {
   select.innerHTML = values.map((v) => `<option value="${v[0]}">${v[1]}</option>`).join("");

@@ -25,6 +25,26 @@ class AttentionOut(BaseModel):
     cross: list[list[list[list[float]]]] = Field(
         description="cross-attention weights (layers, heads, T, S): row t is where target token t looked"
     )
+    contributions: list[list[list[float]]] = Field(
+        description="ALTI+ contributions (layers, T, S): the share of each source token in the representation "
+        "that predicts target token t after each decoder layer; the rest of row t (1 - its sum) is the target prefix's"
+    )
+
+
+class WordOut(BaseModel):
+    word: str
+    prob: float = Field(description="the lowest probability the model gave one of the word's pieces")
+    source: float = Field(description="the lowest share of the source in predicting one of its pieces (ALTI+, 0 to 1)")
+    marked: bool = Field(description="true where either collapses: a word not to trust")
+
+
+class TrustOut(BaseModel):
+    confidence: float = Field(description="0 to 1, higher is more trustworthy (docs/trust.md)")
+    flags: list[str] = Field(description="any of detached, partly-detached, repetition, copy, omission")
+    why: dict[str, str] = Field(description="each flag's reason: its feature, value and threshold")
+    features: dict[str, float] = Field(description="the signals the confidence is computed from")
+    unused_source_words: list[int] = Field(description="0-based indices of the source words no target word used")
+    words: list[WordOut] = Field(description="each target word, with its marks")
 
 
 class Candidate(BaseModel):
@@ -41,6 +61,9 @@ class TranslateResponse(BaseModel):
         None, description="only when the request has n_best: each text's n best translations with scores, best first"
     )
     attention: list[AttentionOut] | None = Field(None, description="only when the request asked for attention")
+    confidence: list[TrustOut] | None = Field(
+        None, description="only when the request asked for confidence: whether to trust each translation"
+    )
 
 
 class ErrorOut(BaseModel):
@@ -83,6 +106,7 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
                 "examples": [
                     {"texts": ["A man rides a bike."], "beam_size": 5},
                     {"texts": ["A man rides a bike."], "beam_size": 5, "n_best": 3},
+                    {"texts": ["A man rides a bike."], "confidence": True},
                     {"texts": ["A man rides a bike."], "sampling": True, "top_p": 0.9, "seed": 1},
                 ],
                 # What settings_of checks, for readers of the schema (and fuzzers): sampling takes beam
@@ -102,7 +126,12 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
         max_length: OutputLength | None = Field(
             None, description=f"maximum output tokens, at most {max_output} (default: 1.5 x source tokens + 10)"
         )
-        attention: StrictBool = Field(False, description="also return each translation's cross-attention and tokens")
+        attention: StrictBool = Field(
+            False, description="also return each translation's cross-attention, contributions and tokens"
+        )
+        confidence: StrictBool = Field(
+            False, description="also return each translation's confidence, flags and per-word marks (docs/trust.md)"
+        )
         n_best: NBest | None = Field(
             None, description="also return each text's n best translations (1 to beam_size) with their scores"
         )
@@ -168,5 +197,5 @@ def settings_of(body: BaseModel) -> Settings:
         raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be at most beam_size ({beam_size})")
     return Settings(
         beam_size=beam_size, max_length=body.max_length, sampling=body.sampling, n_best=body.n_best,
-        attention=body.attention, **options,
+        attention=body.attention, confidence=body.confidence, **options,
     )

@@ -34,8 +34,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
+from qkv.inspect.trust import calibration_of
 from qkv.serve.batcher import (
-    ATTENTION_WEIGHTS_PER_UNIT, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy,
+    ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy,
     Job, Settings, Work,
 )
 from qkv.serve.api import ErrorOut, InvalidOptions, TranslateResponse, request_model, settings_of
@@ -170,11 +171,14 @@ def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
 # How the work of a request is counted, for the API's description and the 422 that refuses too much.
 WORK_RULES = (
     f"a unit is one decoder step of one output token. Per text: {SOURCE_TOKEN_WORK} per source token for each pass "
-    "of the encoder over it (the search; one more to score a greedy or sampled output; one more for attention), "
+    "of the encoder over it (the search; one more to score a greedy or sampled output; one more each for attention "
+    "and confidence), "
     f"plus the most output tokens x what one costs (the beam size; with sampling {SAMPLED_TOKEN_WORK}, "
     f"{TOP_K_TOKEN_WORK} with top_k, {TOP_P_TOKEN_WORK} with top_p; 1 more to score a greedy or sampled output); "
-    f"with attention, also the output tokens once more and 1 per {ATTENTION_WEIGHTS_PER_UNIT} attention weights "
-    "computed (encoder, decoder and cross, layers x heads x positions x positions); an empty text counts 1"
+    f"with attention, also 1 per {ATTENTION_WEIGHTS_PER_UNIT} attention weights computed (encoder, decoder and "
+    "cross, layers x heads x positions x positions); with attention and with confidence, each, the output tokens once "
+    f"more, {CONTRIBUTION_TEXT_WORK} a text and 1 per {CONTRIBUTION_ELEMENTS_PER_UNIT} elements of the vectors that "
+    "decompose each attention block (layers x positions x positions x d_model); an empty text counts 1"
 )
 
 
@@ -183,6 +187,8 @@ def too_much_work(work: Work, settings: Settings, limit: int) -> str:
     parts = f"{work.source} for source tokens, {work.output} for output tokens"
     if settings.attention:
         parts += f", {work.attention} for attention weights"
+    if settings.attention or settings.confidence:
+        parts += f", {work.contributions} for contributions"
     return (
         f"this request asks for {work.total} units of work ({parts}; {WORK_RULES}); this server's limit is {limit} "
         "(--max-request-work): send fewer or shorter texts, a smaller beam_size or a max_length"
@@ -223,7 +229,7 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
         loaded.model, tokenizer, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
-        **checkpoint.decode_defaults(loaded.config),
+        calibration=calibration_of(loaded.path), **checkpoint.decode_defaults(loaded.config),
     )
     TranslateRequest = request_model(
         max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src, vocab_size=tokenizer.vocab_size
@@ -259,7 +265,8 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
     async def translate(request: Request, body: TranslateRequest):  # type: ignore[valid-type]
         """Translate texts, in order; with `n_best`, also each text's n best translations and their scores;
         with `sampling`, draw translations at random (reproducibly under `seed`); with `attention`, also
-        each output's cross-attention and tokens."""
+        each output's cross-attention, contributions and tokens; with `confidence`, whether to trust each
+        translation (a confidence from 0 to 1, flags and per-word marks)."""
         try:
             settings = settings_of(body)
         except InvalidOptions as invalid:

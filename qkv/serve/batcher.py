@@ -34,14 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
 from qkv.data.text_tokenizer import TextTokenizer
-from qkv.infer.translator import Translator
-from qkv.inspect.visualize import attention_of
+from qkv.infer.translator import Translator, collate_sources
+from qkv.inspect.contributions import contributions
+from qkv.inspect.trust import assess
 
 log = logging.getLogger("qkv.serve.app")
 
@@ -63,6 +65,15 @@ SOURCE_TOKEN_WORK = 1
 # 1,000 tokens), that pass took 56 to 2,300 units; charged S + T units and one per 1,000 weights, it
 # pays 2.5 to 14 times that: on the dear side, which errs towards refusing.
 ATTENTION_WEIGHTS_PER_UNIT = 1000
+# Decomposed vector elements per unit, with "attention" or "confidence": that pass writes each
+# attention block's output as one vector per input (qkv.inspect.contributions), layers x queries x
+# keys x d_model elements, and each text costs CONTRIBUTION_TEXT_WORK more for its bookkeeping.
+# Timed on one thread on the Multi30k preset's model (d_model 128) against greedy steps in batches of
+# 32, the confidence of one text of 19, 73 and 217 tokens took 86, 192 and 772 units; charged as below
+# (with the source and output tokens), 128, 1,194 and 9,509: on the dear side, and in step with the
+# pass's matrix-product FLOPs (tests/e2e/test_server_decoding.py).
+CONTRIBUTION_ELEMENTS_PER_UNIT = 8_000
+CONTRIBUTION_TEXT_WORK = 20
 
 
 @dataclass(frozen=True)
@@ -78,10 +89,11 @@ class Settings:
     seed: int = 0
     n_best: int | None = None  # None: the answer has no n-best lists (and no scores)
     attention: bool = False
+    confidence: bool = False
 
     def search(self) -> Settings:
         """Without what changes only the answer: requests with equal searches share a batch."""
-        return replace(self, n_best=None, attention=False)
+        return replace(self, n_best=None, attention=False, confidence=False)
 
     def decode_config(self, n_best: int = 1) -> DecodeConfig:
         length = {} if self.max_length is None else {"max_len_a": 0.0, "max_len_b": self.max_length}
@@ -112,10 +124,11 @@ class Work:
     source: int  # source tokens x the encoder's passes over them
     output: int  # output tokens x their price, with the attention pass's tokens; 1 per empty text
     attention: int  # the attention weights the attention pass computes / ATTENTION_WEIGHTS_PER_UNIT
+    contributions: int = 0  # the decomposed elements / CONTRIBUTION_ELEMENTS_PER_UNIT, and each text's share
 
     @property
     def total(self) -> int:
-        return self.source + self.output + self.attention
+        return self.source + self.output + self.attention + self.contributions
 
 
 class Busy(Exception):
@@ -191,8 +204,10 @@ class Batcher:
         max_queue: int,
         max_queue_work: int,
         length_penalty: float = DecodeConfig.length_penalty,
+        calibration: dict | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.calibration = calibration  # the checkpoint's confidence.json (None: qkv.inspect.trust's default)
         self.length_penalty = length_penalty  # the checkpoint's choice (qkv.io.checkpoint.decode_defaults)
         self.max_batch_sentences, self.max_batch_tokens = max_batch_sentences, max_batch_tokens
         self.max_batch_work = max_batch_work
@@ -231,8 +246,9 @@ class Batcher:
         """What the server computes for these sources (module docstring), summed over texts: S source
         tokens (EOS included) and at most T output tokens each."""
         per_token = settings.work_per_token()
-        passes = 1 + settings.scored_apart + settings.attention  # of the encoder over each source
-        source = output = weights = 0
+        extra = settings.attention + settings.confidence  # teacher-forced passes with contributions
+        passes = 1 + settings.scored_apart + extra  # of the encoder over each source
+        source = output = weights = elements = texts = 0
         c = self.model.config
         for ids, n in zip(src_ids, self.output_limits(src_ids, settings)):
             if not ids:  # not searched (and its attention is made up, not computed)
@@ -241,11 +257,14 @@ class Batcher:
             S = len(ids) + 1
             source += SOURCE_TOKEN_WORK * S * passes
             output += per_token * n
-            if settings.attention:  # one teacher-forced pass over BOS and the output: T = n + 1 positions
-                T = n + 1
-                output += T
+            T = n + 1  # a teacher-forced pass reads BOS and the output
+            if settings.attention:
                 weights += c.n_heads * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * S))
-        return Work(source, output, -(-weights // ATTENTION_WEIGHTS_PER_UNIT))
+            output += T * extra
+            elements += extra * c.d_model * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * (S + 1)))
+            texts += extra
+        return Work(source, output, -(-weights // ATTENTION_WEIGHTS_PER_UNIT),
+                    CONTRIBUTION_TEXT_WORK * texts + -(-elements // CONTRIBUTION_ELEMENTS_PER_UNIT))
 
     def attention_weights(self, src_ids: list[list[int]], settings: Settings) -> int:
         """The most cross-attention weights the answer can hold: layers x heads x T x S, summed over texts."""
@@ -417,6 +436,10 @@ class Batcher:
                 [{"translation": self.tokenizer.decode(h.tokens), "score": round(score, 4)} for h, score in zip(hs, ss)]
                 for hs, ss in zip(nbest, scores)
             ]
+        if job.settings.confidence:
+            trusts = assess(self.model, self.tokenizer, job.texts, translations, calibration=self.calibration,
+                            max_tokens=self.max_batch_tokens)
+            answer["confidence"] = [t.to_json() for t in trusts]
         body = _compact(answer)
         if job.settings.attention:  # the weights of each returned translation, one sentence at a time
             captures = []
@@ -447,21 +470,29 @@ class Batcher:
         return scores
 
     def _attention_json(self, text: str, ids: list[int], hyp: list[int]) -> str:
-        """The JSON of one attention object: source, translation, tokens and cross weights (L, H, T, S)."""
+        """The JSON of one attention object: source, translation, tokens, cross weights (L, H, T, S) and
+        ALTI+ contributions (L, T, S), from one teacher-forced pass (qkv.inspect.contributions)."""
         if not ids:  # as Translator: an empty input translates to ''; one key gets all the weight
             c = self.model.config
             ones = [[[[1.0]] for _ in range(c.n_heads)] for _ in range(c.n_decoder_layers)]
             head = {"source": text, "translation": "", "src_tokens": ["</s>"], "tgt_tokens": ["</s>"]}
-            return _compact({**head, "cross": ones})
-        capture = attention_of(self.model, self.tokenizer, text, ids, hyp)
+            return _compact({**head, "cross": ones, "contributions": [[[1.0]]] * c.n_decoder_layers})
+        tok = self.tokenizer
+        src = collate_sources([ids], pad_id=tok.pad_id, eos_id=tok.eos_id).to(self.model.device)  # (1, S)
+        tgt = torch.tensor([[tok.bos_id, *hyp]], device=self.model.device)  # (1, T): BOS + hypothesis
+        found = contributions(self.model, src, tgt)
         head = {
             "source": text,
-            "translation": capture.translation,
-            "src_tokens": capture.src_tokens,
-            "tgt_tokens": capture.tgt_tokens,
+            "translation": tok.decode(hyp),
+            "src_tokens": tok.pieces([*ids, tok.eos_id]),
+            "tgt_tokens": tok.pieces([*hyp, tok.eos_id]),
         }
-        cross = _weights_json(capture.cross.double().round(decimals=4))  # (L, H, T, S)
-        return _compact(head)[:-1] + f',"cross":{cross}}}'
+        S = src.size(1)
+        cross = torch.stack([w[0] for w in found.weights])  # L x (1, H, T, S) -> (L, H, T, S)
+        alti = torch.stack([a[0, :, :S] for a in found.alti])  # L x (1, T, S + T) -> (L, T, S): the source columns
+        cross_json = _weights_json(cross.double().round(decimals=4))
+        alti_json = _weights_json(alti.double().round(decimals=4))
+        return _compact(head)[:-1] + f',"cross":{cross_json},"contributions":{alti_json}}}'
 
 
 def _compact(value: Any) -> str:
@@ -470,10 +501,8 @@ def _compact(value: Any) -> str:
 
 
 def _weights_json(weights: Tensor) -> str:
-    """A JSON array of (L, H, T, S) weights, written one row at a time: each call is short, so this
-    thread gives the GIL back to the event loop often (one json.dumps of a large list would hold it)."""
-    layers = []
-    for layer in weights:
-        heads = ["[" + ",".join(_compact(row) for row in head.tolist()) + "]" for head in layer]
-        layers.append("[" + ",".join(heads) + "]")
-    return "[" + ",".join(layers) + "]"
+    """A JSON array of weights, (L, H, T, S) or (L, T, S), written one row at a time: each call is short,
+    so this thread gives the GIL back to the event loop often (one json.dumps of a large list would hold it)."""
+    if weights.dim() == 2:
+        return "[" + ",".join(_compact(row) for row in weights.tolist()) + "]"
+    return "[" + ",".join(_weights_json(part) for part in weights) + "]"

@@ -430,6 +430,23 @@ def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_pa
     Select(browser.find_element(By.ID, "head")).select_by_value("1")
     hover_target(0)
     torch.testing.assert_close(torch.tensor(weights_shown()), cross[0, 1, 0].float(), atol=2e-4, rtol=0)
+
+    # The contributions view: the same layer's ALTI+ rows, the source's share under each target token,
+    # and the translation's confidence and flags (with their reasons) beside it.
+    trusted = post(server, {"texts": [sentence], "beam_size": 5, "attention": True, "confidence": True}).json()
+    contributions = torch.tensor(trusted["attention"][0]["contributions"])  # (L, T, S)
+    Select(browser.find_element(By.ID, "view")).select_by_value("contributions")
+    assert not browser.find_element(By.ID, "head").is_enabled()
+    hover_target(T - 1)
+    torch.testing.assert_close(torch.tensor(weights_shown()), contributions[0, T - 1], atol=2e-4, rtol=0)
+    shares = [float(s.text) for s in browser.find_elements(By.CSS_SELECTOR, "#share-strip .share")]
+    torch.testing.assert_close(torch.tensor(shares), contributions[0].sum(-1), atol=6e-3, rtol=0)
+    (trust,) = trusted["confidence"]
+    assert browser.find_element(By.CSS_SELECTOR, "#results .trust").text == f"{trust['confidence']:.2f}"
+    flags = browser.find_elements(By.CSS_SELECTOR, "#results .flag")
+    assert [(f.text, f.get_attribute("title")) for f in flags] == [(f, trust["why"][f]) for f in trust["flags"]]
+    marked = [m.text for m in browser.find_elements(By.CSS_SELECTOR, "#results .marked")]
+    assert marked == [w["word"] for w in trust["words"] if w["marked"]]
     browser.save_screenshot(str(tmp_path / "page.png"))
 
 
@@ -756,7 +773,10 @@ globalThis.fetch = async (url, options) => {
 };
 const text = (node) => typeof node === "string" ? node : node.textContent + node.children.map(text).join("");
 const L = 3, H = 4, row = [[0.5, 0.5]];
-const capture = {src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row))};
+const capture = {src_tokens: ["a", "</s>"], tgt_tokens: ["</s>"], cross: Array(L).fill(Array(H).fill(row)),
+                 contributions: Array(L).fill(row)};
+const trust = {confidence: 0.25, flags: ["copy"], why: {copy: "too close to its source"}, unused_source_words: [0],
+               words: [{word: "b", prob: 0.5, source: 0.1, marked: true}]};
 """
 
 
@@ -776,6 +796,7 @@ def run_page(tmp_path, run_it: str) -> dict:
 def test_page_numbers_layers_and_heads_from_1(tmp_path):
     menus = run_page(tmp_path, """
     captures = [capture];
+    trusts = [trust];
     showResults(["a"], ["b"]);
     const menu = (id) => nodes[id].children.map((o) => [o.attrs.value, o.textContent]);
     console.log(JSON.stringify({layer: menu("layer"), head: menu("head")}));
@@ -791,19 +812,20 @@ def test_page_asks_for_n_best_or_a_sample_and_shows_the_scores(tmp_path):
       $("beam").value = "4";
       $("nbest").value = "2";
       reply = {translations: ["b"], n_best: [[{translation: "b", score: -0.51}, {translation: "c", score: -0.75}]],
-               attention: [capture]};
+               attention: [capture], confidence: [trust]};
       await translate();
       const listed = text($("results"));
       $("sample").checked = true;
       $("seed").value = "7";
-      reply = {translations: ["d"], attention: [capture]};
+      reply = {translations: ["d"], attention: [capture], confidence: [trust]};
       await translate();
       console.log(JSON.stringify({requests, listed, status: $("status").textContent}));
     })();
     """)
     assert shown["requests"] == [
-        {"texts": ["a"], "attention": True, "beam_size": 4, "n_best": 2},
-        {"texts": ["a"], "attention": True, "sampling": True, "seed": 7},
+        {"texts": ["a"], "attention": True, "confidence": True, "beam_size": 4, "n_best": 2},
+        {"texts": ["a"], "attention": True, "confidence": True, "sampling": True, "seed": 7},
     ]
-    assert shown["listed"] == "a → b-0.5100b-0.7500c", shown
+    # The translation (its marked word), its confidence, its flag, the unused source word, the alternatives.
+    assert shown["listed"] == "a → b0.25copysource words no target word used: a-0.5100b-0.7500c", shown
     assert "sentence(s)" in shown["status"], shown

@@ -154,7 +154,8 @@ def test_each_request_is_served_at_exactly_its_work_and_refused_one_unit_below(r
     bodies = [
         {"texts": ["Two children play with a red ball."], **options}
         for options in ({"beam_size": 1}, {"beam_size": 1, "n_best": 1}, {"beam_size": 16, "n_best": 16},
-                        {"sampling": True}, {"sampling": True, "top_p": 0.9}, {"beam_size": 2, "attention": True})
+                        {"sampling": True}, {"sampling": True, "top_p": 0.9}, {"beam_size": 2, "attention": True},
+                        {"beam_size": 2, "confidence": True}, {"beam_size": 1, "attention": True, "confidence": True})
     ]
     for body, units in zip(bodies, units_asked(random_checkpoint, bodies)):
         responses, stats = exchange(random_checkpoint, [body, body], max_request_work=units, max_queue_work=units)
@@ -209,6 +210,8 @@ def test_the_work_charged_ranks_requests_as_their_measured_cost(random_checkpoin
         "64 long, max_length 1": {"texts": [LONG] * 64, "beam_size": 1, "max_length": 1},
         "1 long, max_length 1": {"texts": [LONG], "beam_size": 1, "max_length": 1},
         "1 long, max_length 1, attention": {"texts": [LONG], "beam_size": 1, "max_length": 1, "attention": True},
+        "1 long, max_length 1, confidence": {"texts": [LONG], "beam_size": 1, "max_length": 1, "confidence": True},
+        "64 short, max_length 1, confidence": {"texts": ["A dog."] * 64, "beam_size": 1, "max_length": 1, "confidence": True},
         "1 short, beam 16, 60 tokens": {"texts": ["A dog runs."], "beam_size": 16, "max_length": 60},
         "8 short, beam 4, 40 tokens": {"texts": ["Two children play with a red ball."] * 8, "beam_size": 4, "max_length": 40},
         "4 long, beam 2, 200 tokens": {"texts": [LONG] * 4, "beam_size": 2, "max_length": 200},
@@ -266,3 +269,52 @@ def test_long_sources_at_max_length_1_are_charged_for_their_source_tokens(random
 
     statuses = sorted(r.status_code for r in asyncio.run(scenario()))
     assert statuses == [200, 503], statuses
+
+
+def test_confidence_is_the_one_qkv_score_gives_with_flags_their_reasons_and_word_marks(random_checkpoint, loaded):
+    """"confidence": true answers, per text, what `qkv score --confidence` says of the same pair (one
+    qkv.inspect.trust.assess over the server's own translations, with the checkpoint's calibration)."""
+    from qkv.inspect.trust import FLAG_FEATURE, FLAGS, assess, calibration_of
+
+    (body,) = answers(random_checkpoint, [{"texts": TEXTS, "beam_size": 2, "confidence": True}])
+    expected = assess(loaded.model, loaded.tokenizer, TEXTS, body["translations"],
+                      calibration=calibration_of(loaded.path))
+    assert len(body["confidence"]) == len(TEXTS)
+    for got, want, translation in zip(body["confidence"], expected, body["translations"]):
+        assert got["confidence"] == pytest.approx(want.confidence, abs=1e-4) and 0 <= got["confidence"] <= 1
+        assert got["flags"] == want.flags and set(got["flags"]) <= set(FLAGS)
+        assert set(got["why"]) == set(got["flags"]), got
+        assert [w["word"] for w in got["words"]] == translation.split()
+        assert all(w["marked"] == (w["prob"] < 0.05 or w["source"] < 0.25) for w in got["words"])
+    random_output = [t for t in body["confidence"][:3] if t["flags"]]
+    assert random_output, "a random model's output should be flagged somewhere"
+    for t in random_output:  # each reason names its feature and gives its value
+        for flag in t["flags"]:
+            feature = FLAG_FEATURE[flag][0]
+            assert f"({feature}) is {t['features'][feature]:.3f}" in t["why"][flag], t
+    (plain,) = answers(random_checkpoint, [{"texts": TEXTS, "beam_size": 2}])
+    assert "confidence" not in plain and plain["translations"] == body["translations"]
+
+
+def test_attention_comes_with_the_contributions_of_the_same_pass(random_checkpoint, loaded):
+    """Each attention object holds ALTI+'s source columns per decoder layer, (L, T, S), as
+    qkv.inspect.contributions computes them: rows between 0 and 1, the rest being the target prefix's."""
+    from qkv.inspect.contributions import contributions
+
+    text = TEXTS[1]
+    (body,) = answers(random_checkpoint, [{"texts": [text], "beam_size": 2, "attention": True}])
+    (capture,) = body["attention"]
+    model, tok = loaded.model.eval(), loaded.tokenizer
+    src_ids = tok.encode(text)
+    config = DecodeConfig(beam_size=2, **checkpoint.decode_defaults(loaded.config))
+    hyp = Translator(model, tok, config).translate_ids([src_ids])[0][0].tokens  # what the server translated
+    assert tok.decode(hyp) == body["translations"][0]
+    src = collate_sources([src_ids], pad_id=tok.pad_id, eos_id=tok.eos_id)
+    found = contributions(model, src, torch.tensor([[tok.bos_id, *hyp]]))
+    S = src.size(1)
+    want = torch.stack([a[0, :, :S] for a in found.alti])  # (L, T, S)
+    got = torch.tensor(capture["contributions"])
+    assert got.shape == want.shape == (model.config.n_decoder_layers, len(capture["tgt_tokens"]), len(capture["src_tokens"]))
+    assert torch.allclose(got, want.float(), atol=1e-4)
+    assert ((got.sum(-1) > 0) & (got.sum(-1) <= 1 + 1e-3)).all()
+    assert torch.allclose(torch.tensor(capture["cross"]), torch.stack([w[0] for w in found.weights]).float(), atol=1e-4)

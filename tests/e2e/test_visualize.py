@@ -14,7 +14,7 @@ from qkv.infer.search import DecodeConfig, search
 from qkv.model.transformer import Transformer
 from qkv.data.tokenizer import Tokenizer
 from qkv.infer.translator import collate_sources
-from qkv.inspect.visualize import _panels, capture_attention, plot_attention, word_alignment, write_html
+from qkv.inspect.visualize import _panels, attention_of, capture_attention, plot_attention, word_alignment, write_html
 
 SENTENCES = ["a man rides a red bike", "two dogs play in the snow", "a woman reads a book", "children run on the beach"]
 
@@ -127,3 +127,36 @@ def test_heads_are_numbered_from_one_like_layers(model_dir, tmp_path):
     assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "2"]) == 0
     assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "0"]) == 2
     assert main(["attend", "--checkpoint", str(model_dir), "x", "--out", out, "--beam", "1", "--head", "3"]) == 2
+
+
+def test_attend_draws_contributions_and_says_whether_to_trust_the_translation(model_dir, tmp_path, capsys):
+    """--kind alti draws ALTI+'s source share of each prediction (one panel: the heads together); the page
+    and the JSON carry both contribution views; the printout gives the confidence and flags that
+    `qkv score --confidence` gives this pair, and each word's share from the source."""
+    from qkv.inspect.contributions import contributions
+    from qkv.inspect.trust import assess, calibration_of
+    from qkv.infer.translator import collate_sources
+
+    out = tmp_path / "pic"
+    assert main(["attend", "--checkpoint", str(model_dir), SENTENCES[0], "--out", str(out), "--json", str(tmp_path / "w.json"),
+                 "--beam", "1", "--kind", "alti"]) == 0
+    loaded = checkpoint.load(model_dir)
+    tok = loaded.tokenizer
+    written = json.loads((tmp_path / "w.json").read_text(encoding="utf-8"))
+    id_of = {piece: i for i, piece in enumerate(tok.pieces(list(range(tok.vocab_size))))}
+    hyp = [id_of[piece] for piece in written["tgt_tokens"][:-1]]  # the translation the command drew, without EOS
+    src = collate_sources([tok.encode(SENTENCES[0])], pad_id=tok.pad_id, eos_id=tok.eos_id)
+    found = contributions(loaded.model.eval(), src, torch.tensor([[tok.bos_id, *hyp]]))
+    S = src.size(1)
+    cap = attention_of(loaded.model, tok, SENTENCES[0], tok.encode(SENTENCES[0]), hyp, contributions=True)
+    torch.testing.assert_close(torch.tensor(written["alti"])[:, 0], torch.stack([a[0, :, :S] for a in found.alti]).float())
+    norms = torch.tensor(written["norm"])[:, 0]  # (L, T, S), rows scaled to 1
+    torch.testing.assert_close(norms.sum(-1), torch.ones(norms.shape[:2]))
+    assert [title for title, _ in _panels(cap, "alti", -1, None)] == ["all heads"]
+    page = (tmp_path / "pic.html").read_text(encoding="utf-8")
+    assert '"alti": ["tgt_tokens", "src_tokens", "alti"]' in page and '[k, k]), "alti");' in page
+    (trust,) = assess(loaded.model, tok, [SENTENCES[0]], [cap.translation], calibration=calibration_of(loaded.path))
+    printed = capsys.readouterr().out
+    assert f"confidence:  {trust.confidence:.2f}" in printed and f"flags: {', '.join(trust.flags) or 'none'}" in printed
+    shares = re.findall(r"from source (\d\.\d\d)", printed)
+    assert shares == [f"{w['source']:.2f}" for w in trust.words]
