@@ -2,8 +2,12 @@
 
 Scaled dot-product attention as the tutorials teach it (section 3.2.1 of the paper):
 1. alignment scores e = Q K^T (m x n); 2. scaled by 1/sqrt(d_k); 3. softmax over each row;
-4. output = weights V (m x d_v). With ``heads`` it also shows multi-head attention (section 3.2.2)
-with seeded random projections W_i^Q, W_i^K, W_i^V and W^O.
+4. output = weights V (m x d_v); then 5. what each key *contributed* to each output, ||alpha_ij v_j||
+as a share of the row (Kobayashi et al., 2020), which is not its weight: a key with a long value
+adds more than its weight says, one with a short value less. With ``heads`` it also shows multi-head
+attention (section 3.2.2) with seeded random projections W_i^Q, W_i^K, W_i^V and W^O, and the
+contributions through W^O, ||sum_i alpha^i_j v^i_j W^O_i||, against the heads' mean weight
+(what ``qkv align --method norm`` and ``qkv attend --kind norm`` read from a real model).
 
 Every number shown comes from ``qkv.inspect.reference``, the NumPy oracle. The same inputs also go through
 ``qkv.model.attention.scaled_dot_product_attention`` in float32, on both its explicit path
@@ -63,6 +67,7 @@ class MultiHeadExplanation:
     w_o: np.ndarray  # (H * d_v, d_model)
     steps: MultiHeadSteps
     check: TorchCheck
+    contributions: np.ndarray | None = None  # (m, n): ||sum_i alpha^i_j v^i_j W^O_i||, each row scaled to sum to 1
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Explanation:
     steps: AttentionSteps
     check: TorchCheck
     multi_head: MultiHeadExplanation | None = None
+    contributions: np.ndarray | None = None  # (m, n): ||alpha_ij v_j||, each row scaled to sum to 1
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -259,7 +265,8 @@ def explain(
     mask = make_mask(mask, m, n)
     steps = reference.attention(q, k, v, mask)
     check = _torch_check(q, k, v, mask, steps.weights[None], steps.output)
-    expl = Explanation(q=q, k=k, v=v, mask=mask, mask_spec=mask_spec, steps=steps, check=check)
+    expl = Explanation(q=q, k=k, v=v, mask=mask, mask_spec=mask_spec, steps=steps, check=check,
+                       contributions=shares(steps.weights[:, :, None] * v[None]))
     if heads is None:
         return expl
     if heads < 1:
@@ -290,7 +297,31 @@ def explain(
         steps=multi,
         check=multi_check,
     )
+    w_o = projections[3].reshape(heads, dv_head, d_model)  # (H * d_v, d_model) -> (H, d_v, d_model): W^O_i
+    f = np.einsum("hnv,hvd->hnd", np.stack(multi.v_heads), w_o)  # (H, n, d_model): v^i_j W^O_i
+    expl.multi_head.contributions = shares(np.einsum("hmn,hnd->mnd", ref_weights, f))  # (m, n, d_model) -> (m, n)
     return expl
+
+
+def shares(vectors: np.ndarray) -> np.ndarray:
+    """(m, n, d) vectors that sum to each output row -> (m, n) their norms, each row scaled to sum to 1
+    (a row with no contribution stays 0)."""
+    norms = np.linalg.norm(vectors, axis=-1)
+    total = norms.sum(axis=1, keepdims=True)
+    return np.divide(norms, total, out=np.zeros_like(norms), where=total > 0)
+
+
+def _weight_is_not_contribution(weights: np.ndarray, contributions: np.ndarray, precision: int, *,
+                                because: str = "its value's length") -> list[str]:
+    """The key whose weight and contribution differ most, in words."""
+    i, j = np.unravel_index(np.argmax(np.abs(weights - contributions)), weights.shape)
+    w, c = weights[i, j], contributions[i, j]
+    if abs(w - c) < 10 ** -precision:
+        return ["   here every contribution equals its weight"]
+    more = "more" if c > w else "less"
+    return [f"   q{i + 1} gives k{j + 1} weight {_num(w, precision)} but k{j + 1} adds {_num(c, precision)} of what "
+            f"q{i + 1} gets: {more} than its weight, because of {because}. A weight says where a query "
+            "looked; a contribution, what each key added."]
 
 
 # ---------------------------------------------------------------- printing
@@ -463,6 +494,12 @@ def format_explanation(expl: Explanation, precision: int = 4) -> str:
     lines = ["Scaled dot-product attention:  attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V", ""]
     lines += _inputs_lines(expl, precision) + [""]
     lines += _steps_lines(expl.steps, expl.mask, names=("Q", "K", "V"), d_k=expl.shape[2], precision=precision)
+    keys = [f"k{j + 1}" for j in range(expl.shape[1])]
+    lines += [""] + _matrix(
+        "5. contributions  ||alpha_ij v_j||, each row scaled to sum to 1: what each key added to each output",
+        expl.contributions, row_name="q", col_names=keys, precision=precision,
+    )
+    lines += _weight_is_not_contribution(expl.steps.weights, expl.contributions, precision)
     lines += [
         "",
         f"fused kernel vs step-by-step: max |diff| = {expl.check.fused:.1e}",
@@ -471,4 +508,12 @@ def format_explanation(expl: Explanation, precision: int = 4) -> str:
     ]
     if expl.multi_head is not None:
         lines += ["", ""] + _multi_head_lines(expl, expl.multi_head, precision)
+        mh = expl.multi_head
+        mean = np.mean([head.weights for head in mh.steps.heads], axis=0)  # (m, n)
+        lines += [""] + _matrix("multi-head: the heads' mean weight   (m x n)", mean, row_name="q", col_names=keys,
+                                precision=precision)
+        lines += _matrix("multi-head: contributions  ||sum_i alpha^i_j v^i_j W^O_i||, rows scaled to 1   (m x n)",
+                         mh.contributions, row_name="q", col_names=keys, precision=precision)
+        lines += _weight_is_not_contribution(mean, mh.contributions, precision,
+                                             because="the length and direction of its values through W^O in each head")
     return "\n".join(lines)

@@ -228,3 +228,40 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, tmp_path, args, content, me
 def test_cli_missing_file_exits_2(capsys, tmp_path):
     assert main(["explain", "--json", str(tmp_path / "nope.json")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_a_weight_is_not_a_contribution_on_the_worked_example():
+    """Both keys get weight 0.5, but v2 is sqrt(5) times as long as v1: k1 adds 1 / (1 + sqrt 5) of the
+    output, k2 the rest. The printout shows the contributions and says so in words."""
+    expl = explain(**WORKED_EXAMPLE)
+    np.testing.assert_allclose(expl.contributions, [[1 / (1 + math.sqrt(5)), math.sqrt(5) / (1 + math.sqrt(5))]])
+    text = format_explanation(expl)
+    np.testing.assert_allclose(printed_block(text, "5. contributions"), [[0.3090, 0.6910]])
+    assert "q1 gives k1 weight 0.5000 but k1 adds 0.3090 of what q1 gets: less than its weight" in text
+    equal = format_explanation(explain([[1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]))
+    assert "here every contribution equals its weight" in equal  # values of one length: nothing to explain
+
+
+def test_multi_head_contributions_are_those_qkv_inspect_contributions_reads_from_the_module():
+    """The multi-head contributions are the norms of sum_i alpha^i_j v^i_j W^O_i: what
+    qkv.inspect.contributions.decompose computes on a real attention module with the same projections."""
+    from qkv.inspect.contributions import decompose
+    from qkv.model.transformer import Sublayer
+
+    rng = np.random.default_rng(1)
+    x, memory = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    expl = explain(x, memory, memory, heads=2, mask="1,1,1,0,1", seed=3)
+    mh = expl.multi_head
+    module = MultiHeadAttention(4, 2, bias=False).double().eval()
+    t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    with torch.no_grad():
+        module.in_proj.weight.copy_(torch.cat([t(w.T) for w in mh.w_q + mh.w_k + mh.w_v]))
+        module.out_proj.weight.copy_(t(mh.w_o.T))
+    sublayer = Sublayer(4, 0.0, norm_first=False, eps=1e-5).double().eval()
+    with torch.no_grad():
+        block = decompose(sublayer, module, t(x)[None], t(memory)[None], key_mask=t(expl.mask[0]).bool()[None])
+    norms = block.mixed[0].norm(dim=-1)  # (m, n)
+    np.testing.assert_allclose(mh.contributions, (norms / norms.sum(-1, keepdim=True)).numpy(), atol=1e-12)
+    assert mh.contributions[:, 3].max() == 0  # the masked key adds nothing
+    text = format_explanation(expl)
+    np.testing.assert_allclose(printed_block(text, "multi-head: contributions"), mh.contributions, atol=1e-4)
