@@ -158,24 +158,30 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    cli = argparse.ArgumentParser(description="Write docs/cli.md from qkv's parser (default: print it).")
+def write_or_check(out: Path, text: str, command: str, argv: list[str] | None, description: str) -> int:
+    """The command line of a script that generates one page: print it, ``--write`` it to ``out``, or
+    ``--check`` that ``out`` holds it (exit 1, naming ``command``, when it does not). The API and config
+    references (scripts/api_reference.py, scripts/config_reference.py) use it too."""
+    cli = argparse.ArgumentParser(description=description)
     mode = cli.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="write docs/cli.md")
-    mode.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md differs from what it would write")
+    mode.add_argument("--write", action="store_true", help=f"write {out.name}")
+    mode.add_argument("--check", action="store_true", help=f"exit 1 if {out.name} differs from what it would write")
     args = cli.parse_args(argv)
-    text = render()
     if args.check:
-        if not OUT.is_file() or OUT.read_text(encoding="utf-8") != text:
-            shown = OUT.relative_to(ROOT) if ROOT in OUT.parents else OUT
-            print(f"{shown} is out of date: run {COMMAND}", file=sys.stderr)
+        if not out.is_file() or out.read_text(encoding="utf-8") != text:
+            shown = out.relative_to(ROOT) if ROOT in out.parents else out
+            print(f"{shown} is out of date: run {command}", file=sys.stderr)
             return 1
         return 0
     if args.write:
-        OUT.write_text(text, encoding="utf-8")
+        out.write_text(text, encoding="utf-8")
         return 0
     sys.stdout.write(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_check(OUT, render(), COMMAND, argv, "Write docs/cli.md from qkv's parser (default: print it).")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,41 @@ def decode_args(
         p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
 
 
+# --loop-guard's default: on Multi30k val (En->De, beam 5) it left no output looping and raised BLEU by
+# 0.06; 3 left 5 loops (docs/robustness.md, benchmarks/robustness_text.py).
+LOOP_GUARD = 2
+
+
+def loop_guard_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that write translations (translate, evaluate, distill) against loops."""
+    p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
+                   help=f"search a sentence whose output loops (a run of 1-4 tokens 3 times back to back, or no end "
+                        f"before the length limit) again with no repeated N-gram of tokens; 0: off, the exact search "
+                        f"(default {LOOP_GUARD}, chosen on val: docs/robustness.md)")
+    p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                   help="no N-gram of tokens twice in any output, as fairseq's no_repeat_ngram_size (default 0: off)")
+
+
+def text_args(p: argparse.ArgumentParser) -> None:
+    """The flags of how a line is read: cut into sentences, and sentences in capitals."""
+    p.add_argument("--no-split", action="store_true",
+                   help="translate each line as one sentence (default: cut a line into sentences by the source "
+                        "language's rules, translate them in one batch and join their translations into one line)")
+    p.add_argument("--keep-case", action="store_true",
+                   help="translate a sentence in capitals as it is (default: in sentence case, its translation "
+                        "written back in capitals)")
+
+
+def text_options(args: argparse.Namespace):
+    """``text_args``' ``TextOptions``, the source language read from the (first) checkpoint (unknown: English rules)."""
+    from qkv.data.sentences import TextOptions
+    from qkv.io import checkpoint
+
+    first = args.checkpoint[0] if isinstance(args.checkpoint, list) else args.checkpoint
+    lang = (checkpoint.read_config(first).get("data") or {}).get("src_lang") or "en"
+    return TextOptions(split=None if args.no_split else lang, recase=not args.keep_case)
+
+
 def _workers(text: str) -> int | str:
     if text == "auto":
         return text
@@ -181,6 +216,7 @@ def decode_config(args: argparse.Namespace, n_best: int = 1):
         alpha = checkpoint.decode_defaults(checkpoint.read_config(first)).get("length_penalty", DecodeConfig.length_penalty)
     return DecodeConfig(
         beam_size=args.beam, length_penalty=alpha, max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b, n_best=n_best, stop_early=args.stop_early, **sampling,
+        max_len_b=args.max_len_b, n_best=n_best, stop_early=args.stop_early, loop_guard=getattr(args, "loop_guard", 0),
+        no_repeat_ngram_size=getattr(args, "no_repeat_ngram", 0), **sampling,
     )
 

@@ -9,7 +9,8 @@ from qkv.errors import QkvError
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.common import (
-    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, shortlist_arg, workers_arg, command,
+    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, loop_guard_args, shortlist_arg,
+    text_args, text_options, workers_arg, command,
 )
 
 
@@ -19,6 +20,8 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
+    loop_guard_args(p)
+    text_args(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
@@ -54,7 +57,7 @@ def translate(args: argparse.Namespace) -> int:
         raise QkvError("--confidence judges the one translation of each line: not with --n-best or --sampling")
     model, tokenizer = decoding_model(args)
     translator = Translator(model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
-                            workers=args.workers, shortlist=decoding_shortlist(args, model))
+                            workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
     annotate = annotator(args, model, tokenizer) if args.confidence else None
     with contextlib.ExitStack() as stack:
         if args.input:
@@ -80,6 +83,8 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
+    loop_guard_args(p)
+    text_args(p)
     p.add_argument("--split", help="Multi30k split (train, val, test_2016_flickr; default test_2016_flickr for a model trained "
                                    "on Multi30k; a model trained on other data is scored on Multi30k only when a split is named)")
     p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
@@ -124,7 +129,7 @@ def evaluate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     shortlist = decoding_shortlist(args, model)
     with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
-                    shortlist=shortlist) as translator:
+                    shortlist=shortlist, text=text_options(args)) as translator:
         hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from qkv.cli.common import command, decode_args, decode_config, decoding_model, device_arg, int8_arg, workers_arg
+from qkv.cli.common import command, decode_args, decode_config, decoding_model, device_arg, int8_arg, loop_guard_args, workers_arg
 from qkv.errors import QkvError
 
 
@@ -17,6 +17,7 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
     from qkv.train.recipes import parse_duration
 
     decode_args(p, ensemble=True, flag="--teacher")
+    loop_guard_args(p)
     int8_arg(p)
     device_arg(p)
     workers_arg(p)

@@ -12,7 +12,8 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
-from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, search
+from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, length_penalty, search
+from qkv.data.sentences import Line, TextOptions, prepare_line
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.shortlist import Shortlist
 from qkv.infer.workers import DecodingWorkers
@@ -82,6 +83,10 @@ class Translator:
     ``shortlist``: each sentence is searched over the target pieces its source makes likely
     (``qkv.infer.shortlist``): faster, an approximation of the exact search.
 
+    ``text``: how ``translate`` treats a line (``qkv.data.sentences.TextOptions``): cut into sentences
+    that are searched in one batch and joined back into one line, and sentences in capitals translated
+    in sentence case and written back in capitals. None (the default): each text is one sentence, as written.
+
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
     once where the program starts (the command line and the server do): every decoding step
     allocates and frees its vocabulary-sized scores, which glibc would otherwise hand back to the
@@ -98,6 +103,7 @@ class Translator:
         max_sentences: int = 128,
         workers: int = 1,
         shortlist: Shortlist | None = None,
+        text: TextOptions | None = None,
     ) -> None:
         if workers < 1:
             raise QkvError(f"workers must be >= 1, got {workers}")
@@ -111,6 +117,7 @@ class Translator:
         self.max_sentences = max_sentences
         self.workers = workers
         self.shortlist = shortlist
+        self.text = text
         self._pool: DecodingWorkers | None = None
 
     def __enter__(self) -> Translator:
@@ -179,11 +186,33 @@ class Translator:
                       suppress=suppressed_tokens(tok), vocab=vocab)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
-        hyps = self.translate_ids([self.encode(t) for t in texts])
-        return [[Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+        if self.text is None:
+            hyps = self.translate_ids([self.encode(t) for t in texts])
+            return [[Translation(self.tokenizer.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+        lines = [prepare_line(t, self.text) for t in texts]
+        hyps = self.translate_ids([self.encode(s) for line in lines for s in line.sentences])  # one batch for all
+        out, start = [], 0
+        for line in lines:
+            out.append(self._joined(line, hyps[start : start + len(line.sentences)]))
+            start += len(line.sentences)
+        return out
+
+    def _joined(self, line: Line, hyps: list[list[Hypothesis]]) -> list[Translation]:
+        """A line's n best from its sentences' (``Line.join``): the k-th joins each sentence's k-th (or
+        its last), and scores as one hypothesis would, its log-probability over the length penalty of all
+        its tokens and the sentences' EOS (NaN where the search gives no scores)."""
+        nbest = []
+        for k in range(max(len(hs) for hs in hyps)):
+            picked = [hs[min(k, len(hs) - 1)] for hs in hyps]
+            text = line.join([self.tokenizer.decode(h.tokens) for h in picked])
+            tokens = [t for h in picked for t in h.tokens]
+            score = picked[0].score if len(picked) == 1 else sum(h.log_prob for h in picked) / length_penalty(
+                len(tokens) + len(picked), self.config.length_penalty)
+            nbest.append(Translation(text, tokens, score))
+        return nbest
 
     def translate(self, texts: list[str]) -> list[str]:
-        """One translation per input sentence, in order; an empty (or blank) input gives ''."""
+        """One translation per input text, in order; an empty (or blank) input gives ''."""
         return [nbest[0].text for nbest in self.translate_nbest(texts)]
 
 

@@ -137,29 +137,29 @@ class ModelConfig:
     final-logits bias).
     """
 
-    src_vocab_size: int = 8000
-    tgt_vocab_size: int = 8000
-    d_model: int = 512
-    n_heads: int = 8
+    src_vocab_size: int = 8000  # positive, above pad_id; source tokens, set from the tokenizer when a model is built for data
+    tgt_vocab_size: int = 8000  # positive, above pad_id; target tokens, likewise (equal to src_vocab_size when share_embeddings)
+    d_model: int = 512  # width of every layer's input and output; even, and divisible by n_heads unless d_k and d_v are given
+    n_heads: int = 8  # >= 1; attention heads per attention layer (h in section 3.2.2)
     d_k: int | None = None  # per-head query/key size; None means d_model // n_heads
     d_v: int | None = None  # per-head value size; None means d_model // n_heads
-    d_ff: int = 2048
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0  # inside the feed-forward network, after the activation (fairseq's relu_dropout)
-    activation: Activation = "relu"
-    norm_first: bool = False
-    layer_norm_eps: float = 1e-5
-    max_len: int = 1024
-    position_layout: PositionLayout = "interleaved"
+    d_ff: int = 2048  # >= 1; inner width of the feed-forward networks (section 3.3)
+    n_encoder_layers: int = 6  # >= 0; encoder layers (N in section 3.1)
+    n_decoder_layers: int = 6  # >= 0; decoder layers
+    dropout: float = 0.1  # in [0, 1); on each sub-layer's output and on the embeddings plus positions, in training (section 5.4)
+    attention_dropout: float = 0.0  # in [0, 1); on the attention weights, in training (not in the paper)
+    activation_dropout: float = 0.0  # in [0, 1); inside the feed-forward network, after the activation (fairseq's relu_dropout)
+    activation: Activation = "relu"  # the feed-forward network's nonlinearity; the paper's is relu
+    norm_first: bool = False  # pre-LN: layer norm before each sub-layer instead of after it (the paper is post-LN)
+    layer_norm_eps: float = 1e-5  # > 0; added to the variance in every layer norm
+    max_len: int = 1024  # >= 1; positions the model has: tokens per sentence, EOS and BOS included
+    position_layout: PositionLayout = "interleaved"  # the sinusoids' order: sin and cos interleaved (the paper) or all sines, then all cosines (Marian)
     learned_positions: bool = False  # a learned (max_len, D) table instead of the sinusoids
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model) (section 3.4)
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary)
     tie_output: bool = True  # pre-softmax projection shares the target embedding (section 3.4)
-    output_bias: bool = False
-    pad_id: int = 0  # read from the tokenizer when a model is built for data
+    output_bias: bool = False  # a bias on the output projection (Marian's final-logits bias)
+    pad_id: int = 0  # >= 0 and inside both vocabularies; read from the tokenizer when a model is built for data
 
     def __post_init__(self) -> None:
         check_types(self, "model")

@@ -23,22 +23,24 @@ from qkv.data.corpus import ParallelCorpus, held_out, language_of, load_multi30k
 class DataConfig:
     """Where the parallel text comes from and how it is tokenized."""
 
+    # Where the pairs come from: "multi30k" (downloaded, or data_dir), "files" (train_src and train_tgt, or one
+    # TSV) or "prepared" (data_dir, written by qkv prepare).
     corpus: Literal["multi30k", "files", "prepared"] = "multi30k"
-    src_lang: str | None = None  # None: with Multi30k, en -> de; with your own data, not known
-    tgt_lang: str | None = None
+    src_lang: str | None = None  # the source language (--src); None: with Multi30k, en -> de; with your own data, not known
+    tgt_lang: str | None = None  # the target language, likewise
     # How src_lang/tgt_lang of your own data were set: "given" (--src/--tgt), "inferred" (from the
     # file names, with a warning) or "unknown" (None); "" for Multi30k, and in runs from before this record.
     languages: Literal["", "given", "inferred", "unknown"] = ""
     data_dir: str | None = None  # Multi30k directory (None: $QKV_DATA or the download cache), or with corpus="prepared" what qkv prepare wrote
     train_src: str | None = None  # with corpus="files": two aligned files, or one TSV in train_src
-    train_tgt: str | None = None
-    valid_src: str | None = None
-    valid_tgt: str | None = None
-    vocab_size: int = 8000  # joint source+target subword vocabulary
-    max_len: int = 128  # subword tokens kept per side
-    subword_dropout: float = 0.0  # BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
-    train_limit: int = 0  # use only the first N training pairs (0: all); for quick runs and CI
-    valid_limit: int = 0
+    train_tgt: str | None = None  # the target side, line-aligned with train_src (None: train_src is a TSV)
+    valid_src: str | None = None  # validation pairs for corpus="files": a file, or one TSV (None: the last 5% of train, at most 1,000 pairs)
+    valid_tgt: str | None = None  # the validation targets, line-aligned with valid_src
+    vocab_size: int = 8000  # >= 16; joint source+target subword vocabulary
+    max_len: int = 128  # >= 1; subword tokens kept per side
+    subword_dropout: float = 0.0  # in [0, 1); BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
+    train_limit: int = 0  # >= 0; use only the first N training pairs (0: all); for quick runs and CI
+    valid_limit: int = 0  # >= 0; use only the first N validation pairs (0: all)
 
     def __post_init__(self) -> None:
         check_types(self, "data")
@@ -70,41 +72,41 @@ class DataConfig:
 class TrainConfig:
     """Optimisation and the run's schedule of evaluations and checkpoints."""
 
-    max_tokens: int = 4096  # padded tokens per batch, of its longer side (per process, per micro-batch)
-    accumulate: int = 1  # micro-batches summed into each optimizer step, per process
-    step_tokens: int = 0  # padded tokens per optimizer step over all processes, reached by accumulation (accumulation()); 0: accumulate as given
+    max_tokens: int = 4096  # >= 1; padded tokens per batch, of its longer side (per process, per micro-batch)
+    accumulate: int = 1  # >= 1; micro-batches summed into each optimizer step, per process
+    step_tokens: int = 0  # >= 0; padded tokens per optimizer step over all processes, reached by accumulation (accumulation()); 0: accumulate as given
     bf16: bool = False  # GPU: bfloat16 autocast; CPU with bf16 matmuls: the fused loss's products in bf16 (else a warning)
-    lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
-    warmup_steps: int = 800
+    lr: float = 2e-3  # > 0; peak learning rate, reached at the end of warm-up
+    warmup_steps: int = 800  # >= 0; updates of linear warm-up from 0 to lr
     decay: Literal["inverse_sqrt", "none"] = "inverse_sqrt"  # after warm-up: "inverse_sqrt" (the paper's 1/sqrt(step)) or "none" (the peak held)
-    cooldown: float = 0.0  # last fraction of the run's steps where lr falls linearly to 0
-    beta1: float = 0.9
-    beta2: float = 0.98  # the paper's
-    eps: float = 1e-9
-    weight_decay: float = 0.0
-    label_smoothing: float = 0.1
-    rdrop: float = 0.0  # R-Drop's alpha: each batch runs twice, KL between the passes (qkv.train.loss.rdrop_loss); 0: off
-    clip_norm: float = 1.0  # 0 disables clipping
-    max_epochs: int = 1000
-    max_steps: int = 0  # 0: no limit
-    time_budget: float = 0.0  # seconds of training, turned into a step count after measure_steps; 0: no limit
-    measure_steps: int = 0  # with time_budget: updates timed before the budget becomes a step count; 0: eval_every
-    eval_every: int = 500  # steps between validations and checkpoints
-    valid_beam: int = 1  # beam used for validation BLEU (1 = greedy, fast)
-    patience: int = 0  # stop after this many validations without a better BLEU; 0: never
+    cooldown: float = 0.0  # in [0, 1]; last fraction of the run's steps where lr falls linearly to 0
+    beta1: float = 0.9  # in [0, 1); Adam's first-moment decay (the paper's)
+    beta2: float = 0.98  # in [0, 1); Adam's second-moment decay (the paper's)
+    eps: float = 1e-9  # >= 0; Adam's epsilon (the paper's)
+    weight_decay: float = 0.0  # >= 0; Adam's L2 penalty on the weights
+    label_smoothing: float = 0.1  # in [0, 1); epsilon_ls of section 5.4: that much of each target's probability spread over the vocabulary
+    rdrop: float = 0.0  # >= 0; R-Drop's alpha: each batch runs twice, KL between the passes (qkv.train.loss.rdrop_loss); 0: off
+    clip_norm: float = 1.0  # >= 0; the gradients' largest global norm; 0 disables clipping
+    max_epochs: int = 1000  # >= 1; passes over the training pairs at most
+    max_steps: int = 0  # >= 0; the run's last update (--max-steps); 0: no limit
+    time_budget: float = 0.0  # >= 0; seconds of training, turned into a step count after measure_steps; 0: no limit
+    measure_steps: int = 0  # >= 0; with time_budget: updates timed before the budget becomes a step count; 0: eval_every
+    eval_every: int = 500  # >= 1; steps between validations and checkpoints
+    valid_beam: int = 1  # >= 1; beam used for validation BLEU (1 = greedy, fast)
+    patience: int = 0  # >= 0; stop after this many validations without a better BLEU; 0: never
     tune_length_penalty: bool = True  # choose final/'s decoding length penalty on the validation set
-    keep_last: int = 5  # step checkpoints kept on disk
-    average_last: int = 5  # checkpoints averaged into final/ (1: no averaging)
-    ema: float = 0.0  # decay of an exponential moving average of the weights, a candidate for final/; 0: none
-    seed: int = 1
-    threads: int = 0  # torch intra-op threads; 0: PyTorch's default
-    on_nan: Literal["skip", "stop"] = "skip"
+    keep_last: int = 5  # step checkpoints kept on disk; at least average_last
+    average_last: int = 5  # at least 1; checkpoints averaged into final/ (1: no averaging)
+    ema: float = 0.0  # in [0, 1); decay of an exponential moving average of the weights, a candidate for final/; 0: none
+    seed: int = 1  # seeds the batches' order, dropout and the initial weights
+    threads: int = 0  # >= 0; torch intra-op threads; 0: PyTorch's default
+    on_nan: Literal["skip", "stop"] = "skip"  # an update whose loss is not finite: "skip" it (counted in the log) or "stop" the run
     # Speed (qkv.model.cpu and docs/cpu-speed.md); each can be turned off to run the earlier, slower path.
     fused_loss: bool = True  # output projection + loss in chunks, never the whole batch's logits
     tune_allocator: bool = True  # keep glibc from returning and re-faulting large blocks every step
     adam: Literal["fused", "foreach", "for"] = "fused"  # Adam's kernel: one fused loop, per-list ops, per tensor
     fast_dropout: bool = True  # CPU: dropout masks from 64-bit random draws (same distribution, other draws than nn.Dropout's)
-    dropout_bits: int = 16  # fast_dropout's random bits per element: 16 (p to 2^-16) or 32 (p to 2^-32, runs saved before 2026-11-26)
+    dropout_bits: int = 16  # 16 or 32; fast_dropout's random bits per element: 16 (p to 2^-16) or 32 (p to 2^-32, runs saved before 2026-11-26)
     onednn: bool = True  # CPU: fp32 linear layers (and their input gradients) on oneDNN instead of MKL (qkv.model.kernels)
     bf16_layers: bool = False  # CPU, with --bf16 and onednn: the linear layers' products in bf16 too (opt-in: rounds them)
 

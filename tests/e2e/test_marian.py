@@ -219,7 +219,8 @@ def test_greedy_outputs_are_token_identical(imported, hf, sources, tmp_path):
     assert qkv_tokens(imported, sources, DecodeConfig(beam_size=1, max_len_a=0, max_len_b=MAX_NEW)) == theirs
     # and the command line writes what transformers decodes
     (tmp_path / "in.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    result = qkv("translate", "--checkpoint", imported, "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_NEW, "-i", tmp_path / "in.en")
+    result = qkv("translate", "--checkpoint", imported, "--beam", "1", "--max-len-a", "0", "--max-len-b", MAX_NEW, "--loop-guard", "0",
+                 "-i", tmp_path / "in.en")  # the exact search, as transformers'
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [hf_tok.decode(ids, skip_special_tokens=True) for ids in theirs]
 

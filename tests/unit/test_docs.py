@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import io
 import math
 import re
@@ -518,3 +519,69 @@ def test_the_cli_reference_check_mode_and_machine_dependent_defaults(tmp_path, m
     monkeypatch.setattr(qkv.cli.main, "build_parser", with_a_cpu_count_default)
     row = next(line for line in reference.render().splitlines() if line.startswith("| `--threads`"))
     assert reference.MACHINE_DEPENDENT in row and "default: the CPU count" in row
+
+
+# --- The generated API and config references ---------------------------------------------------------------
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_api_md_is_generated_from_the_docstrings_of_the_stable_names():
+    reference = script("api_reference")
+    assert reference.OUT.is_file() and reference.OUT.read_text(encoding="utf-8") == reference.render(), (
+        f"docs/api.md is out of date: run {reference.COMMAND}")
+    import qkv
+
+    text = reference.render()
+    for name in qkv.__all__:  # every stable name has its section, with its docstring's first line
+        assert f"\n## qkv.{name}\n" in text and inspect.cleandoc(getattr(qkv, name).__doc__).splitlines()[0] in text
+
+
+def test_docs_config_md_is_generated_from_the_config_dataclasses_and_every_key_says_what_it_does():
+    import dataclasses
+
+    reference = script("config_reference")
+    assert reference.OUT.is_file() and reference.OUT.read_text(encoding="utf-8") == reference.render(), (
+        f"docs/config.md is out of date: run {reference.COMMAND}")
+    for table, cls in reference.sections().items():
+        comments = reference.field_comments(cls)
+        undocumented = [f.name for f in dataclasses.fields(cls) if not comments.get(f.name)]
+        assert not undocumented, f"[{table}] keys without a comment saying what they do: {undocumented}"
+
+
+def test_every_range_the_config_reference_states_is_the_one_the_dataclass_enforces():
+    import dataclasses
+
+    from qkv.model.config import ConfigError
+
+    reference, checked = script("config_reference"), 0
+    for table, cls in reference.sections().items():
+        comments, default = reference.field_comments(cls), cls()
+        for field in dataclasses.fields(cls):
+            stated = reference.stated_range(comments[field.name])
+            if not stated:
+                continue
+            step = 1 if isinstance(getattr(default, field.name), int) else 1e-6
+
+            def accepts(value, name=field.name) -> bool:
+                try:
+                    dataclasses.replace(default, **{name: type(getattr(default, name))(value)})
+                    return True
+                except ConfigError:
+                    return False
+
+            if interval := re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", stated):
+                low, high = float(interval.group(2)), float(interval.group(3))
+                assert accepts(low) == (interval.group(1) == "[") and not accepts(low - step), (table, field.name, stated)
+                assert accepts(high) == (interval.group(4) == "]") and not accepts(high + step), (table, field.name, stated)
+            else:
+                sign, bound = stated.split()
+                bound = float(bound)
+                assert accepts(bound) == sign.endswith("=") and not accepts(bound - step), (table, field.name, stated)
+                assert accepts(bound + step) and accepts(bound + 1), (table, field.name, stated)
+            checked += 1
+    assert checked >= 40, checked

@@ -1,0 +1,109 @@
+"""Text as people write it: a line of several sentences, and sentences in capitals.
+
+A model trained on one caption a line (Multi30k) has never seen a paragraph or an all-caps sentence,
+and loops on both (issue 66; docs/robustness.md). ``split_sentences`` cuts a line where its sentences
+end, with sentencex (Wikimedia's rule-based segmenter: per-language abbreviation lists for some 250
+languages with fallbacks between them, pure rules, no model to download, released 2026; pysbd and
+sentence-splitter, the usual alternatives, have had no release since 2021 and 2019). ``case_of`` /
+``lowercased`` / ``recased`` turn an ALL-CAPS sentence into the case the model knows and its
+translation back into capitals.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sentencex
+
+# A piece with no letter (a list's "1." or a stray "--") is not a sentence: it stays with the next one.
+_LETTER = re.compile(r"[^\W\d_]")
+_WORD = re.compile(r"\S*[^\W\d_]\S*")  # a run of non-spaces with a letter in it
+# sentencex ends a sentence after a number that follows a comma or semicolon: a list's ("a dog runs; 2.
+# A cat sleeps") belongs to the next item; a date's ("Montag, 12. Mai 1952") is not a sentence end at all.
+_NUMBER = re.compile(r"(?<=[;,:])(\s*\d{1,3}[.)]\s*)$")
+
+
+def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
+    """The sentences of ``line`` (each stripped, none empty) and the whitespace between them (one fewer),
+    by sentencex's rules for ``lang`` (an ISO 639 code; an unknown one falls back to its English rules).
+    A piece without a letter goes with the sentence after it (or, last, before it). A piece that ends
+    in a number after a comma or semicolon gives the number to the next piece when what stays is at
+    least two words (a list item), else is no sentence of its own (a date). A blank line has none."""
+    groups: list[str] = []  # each sentence's text with its whitespace
+    pending = ""  # pieces waiting for a sentence
+    for piece in sentencex.segment(lang, line):
+        piece = pending + piece
+        number = _NUMBER.search(piece)
+        if not _LETTER.search(piece) or (number and len(_WORD.findall(piece[: number.start()])) < 2):
+            pending = piece
+            continue
+        pending = number.group(1) if number else ""
+        groups.append(piece[: number.start()] if number else piece)
+    if pending:
+        if groups:
+            groups[-1] += pending
+        else:
+            groups.append(pending)
+    groups = [g for g in groups if g.strip()]
+    spaces = [(a[len(a.rstrip()) :] + b[: len(b) - len(b.lstrip())]) or " " for a, b in zip(groups, groups[1:])]
+    return [g.strip() for g in groups], spaces
+
+
+UPPER = "upper"  # every cased letter of the sentence is a capital (and it has at least MIN_CAPITALS)
+AS_IS = "as-is"
+MIN_CAPITALS = 4  # "USA", "OK" or "NASA" alone are words, not a sentence in capitals
+
+
+def case_of(sentence: str) -> str:
+    """``UPPER`` for a sentence in capitals (at least ``MIN_CAPITALS`` letters, none lower case), else ``AS_IS``."""
+    letters = [c for c in sentence if c.isalpha() and c.lower() != c.upper()]
+    return UPPER if len(letters) >= MIN_CAPITALS and all(c.isupper() for c in letters) else AS_IS
+
+
+def lowercased(sentence: str, case: str) -> str:
+    """What the model translates: a sentence in capitals in sentence case ("TWO DOGS RUN." -> "Two dogs run.")."""
+    if case != UPPER:
+        return sentence
+    lower = sentence.lower()
+    first = _LETTER.search(lower)
+    return lower if first is None else lower[: first.start()] + lower[first.start()].upper() + lower[first.start() + 1 :]
+
+
+def recased(translation: str, case: str) -> str:
+    """The translation in the source's case: in capitals for a sentence in capitals."""
+    return translation.upper() if case == UPPER else translation
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How a translator treats a line before and after the search. ``split``: the source language
+    whose sentence rules cut a line into sentences (None: a line is one sentence); ``recase``: a
+    sentence in capitals is translated in sentence case and its translation written in capitals."""
+
+    split: str | None = None
+    recase: bool = False
+
+
+@dataclass
+class Line:
+    """One input line as the search sees it: ``sentences`` to translate, and how to put their
+    translations back: the ``spaces`` between them and each sentence's ``cases``."""
+
+    sentences: list[str]
+    spaces: list[str]
+    cases: list[str]
+
+    def join(self, translations: list[str]) -> str:
+        out = [recased(t, c) for t, c in zip(translations, self.cases)]
+        return "".join(t + s for t, s in zip(out, [*self.spaces, ""]))
+
+
+def prepare_line(line: str, options: TextOptions) -> Line:
+    """``line`` cut and cased as ``options`` ask. A line that is one sentence is translated as it was
+    written (not stripped), so that clean input is searched exactly as without the options."""
+    sentences, spaces = split_sentences(line, options.split) if options.split else ([line], [])
+    if len(sentences) <= 1:
+        sentences, spaces = [line], []
+    cases = [case_of(s) if options.recase else AS_IS for s in sentences]
+    return Line([lowercased(s, c) for s, c in zip(sentences, cases)], spaces, cases)

@@ -1,0 +1,54 @@
+"""Text as people write it, through ``qkv translate`` on the trained tiny model (issue 66): a line of
+several sentences comes back as one line with every sentence translated, a line in capitals does
+not loop, and ``--no-split`` (with the loop guard off and capitals kept) gives today's translations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.robustness_text import looping
+from qkv.cli.main import main
+from qkv.infer.search import DecodeConfig
+from qkv.infer.translator import Translator
+from qkv.io import checkpoint
+
+SENTENCES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.", "A woman reads a book."]
+CAPS = "A MAN IN A BLUE SHIRT IS STANDING ON A LADDER CLEANING WINDOWS."
+
+
+def translate(capsys, tmp_path: Path, run: Path, lines: list[str], *flags: str) -> list[str]:
+    source = tmp_path / "in.en"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(run), "--workers", "1", "-i", str(source), *flags]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_line_of_several_sentences_comes_back_as_one_line_with_every_sentence_translated(tiny_run, tmp_path, capsys):
+    lines = [" ".join(SENTENCES), "", "A dog."]
+    out = translate(capsys, tmp_path, tiny_run, lines)
+    alone = translate(capsys, tmp_path, tiny_run, SENTENCES)
+    assert len(out) == 3 and out[1] == ""
+    assert all(alone) and out[0] == " ".join(alone)  # each sentence translated as it is alone, in order
+    whole = translate(capsys, tmp_path, tiny_run, lines, "--no-split")
+    assert whole[0] != out[0]  # without the splitter the line is one search
+
+
+def test_a_line_in_capitals_does_not_loop_on_a_trained_model(tiny_run, tmp_path, capsys):
+    (today,) = translate(capsys, tmp_path, tiny_run, [CAPS], "--keep-case", "--loop-guard", "0")
+    assert looping(today)  # what the model does with capitals it never saw
+    (out,) = translate(capsys, tmp_path, tiny_run, [CAPS])
+    assert out and not looping(out) and out == out.upper()
+
+
+def test_no_split_with_the_guard_off_reproduces_todays_translations(tiny_run, tmp_path, capsys):
+    lines = [" ".join(SENTENCES), CAPS, "", "A dog.", SENTENCES[1]]
+    loaded = checkpoint.load(tiny_run)
+    config = DecodeConfig(**loaded.model.decode_defaults)
+    today = Translator(loaded.model, loaded.tokenizer, config).translate(lines)  # what qkv translate did before issue 66
+    assert translate(capsys, tmp_path, tiny_run, lines, "--no-split", "--keep-case", "--loop-guard", "0") == today
+    # --no-split alone: each line is one sentence, searched with the loop guard
+    guarded = Translator(loaded.model, loaded.tokenizer, DecodeConfig(**loaded.model.decode_defaults, loop_guard=2)).translate(lines)
+    assert translate(capsys, tmp_path, tiny_run, lines, "--no-split", "--keep-case") == guarded

@@ -1,0 +1,74 @@
+"""Text as people write it: where the sentence splitter cuts (abbreviations, numbers, quotes, lists),
+how a line's sentences are put back together, and sentences in capitals (qkv.data.sentences)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.data.sentences import AS_IS, UPPER, Line, TextOptions, case_of, lowercased, prepare_line, recased, split_sentences
+
+
+@pytest.mark.parametrize("line, sentences", [
+    ("A man in a blue shirt. Two dogs play in the snow! Is it raining?",
+     ["A man in a blue shirt.", "Two dogs play in the snow!", "Is it raining?"]),
+    # abbreviations and initials do not end a sentence
+    ("Dr. Smith met Mr. Jones at 3 p.m. in the U.S. today. They talked.",
+     ["Dr. Smith met Mr. Jones at 3 p.m. in the U.S. today.", "They talked."]),
+    ("It is big, e.g. a truck. A dog barks.", ["It is big, e.g. a truck.", "A dog barks."]),
+    # decimal points, prices and times do not either
+    ("It costs $12.50 at 3.45 pm. That is 3.5 times more.", ["It costs $12.50 at 3.45 pm.", "That is 3.5 times more."]),
+    # a full stop inside quotes stays inside its sentence
+    ('He said "Stop. Now." and left. She stayed.', ['He said "Stop. Now." and left.', "She stayed."]),
+    # a list's numbers go with their item, not at the end of the item before
+    ("1. A dog runs; 2. A cat sleeps; 3. Two men walk.", ["1. A dog runs;", "2. A cat sleeps;", "3. Two men walk."]),
+    # nor does a date's day after a comma (English rules would cut "Montag, 12." off)
+    ("Montag, 12. Mai 1952", ["Montag, 12. Mai 1952"]),
+    # a piece without a letter is not a sentence of its own
+    ("A dog runs. ... A cat sleeps.", ["A dog runs.", "... A cat sleeps."]),
+    ("one sentence without a full stop", ["one sentence without a full stop"]),
+    ("", []),
+    ("   ", []),
+])
+def test_the_splitter_cuts_where_sentences_end(line, sentences):
+    assert split_sentences(line, "en")[0] == sentences
+
+
+def test_the_rules_are_the_source_languages():
+    # German "am 3. Mai": an ordinal, not a sentence end, by German rules (English rules cut there)
+    line = "Ein Mann fährt z. B. Fahrrad. Er ist am 3. Mai da."
+    assert split_sentences(line, "de")[0] == ["Ein Mann fährt z. B. Fahrrad.", "Er ist am 3. Mai da."]
+    assert split_sentences("A dog. A cat.", "xx")[0] == ["A dog.", "A cat."]  # an unknown language: general rules
+
+
+def test_the_whitespace_between_sentences_is_kept():
+    sentences, spaces = split_sentences("A dog.  A cat.\tA cow.", "en")
+    assert sentences == ["A dog.", "A cat.", "A cow."] and spaces == ["  ", "\t"]
+    assert Line(sentences, spaces, [AS_IS] * 3).join(["Ein Hund.", "Eine Katze.", "Eine Kuh."]) == "Ein Hund.  Eine Katze.\tEine Kuh."
+
+
+def test_capitals_are_translated_in_sentence_case_and_written_back():
+    assert case_of("TWO DOGS RUN IN THE SNOW.") == UPPER
+    assert case_of("NASA") == UPPER and case_of("USA") == AS_IS  # under four letters: a word, not a sentence
+    assert case_of("Two dogs from the USA run.") == AS_IS and case_of("12 34.") == AS_IS
+    assert lowercased("TWO DOGS RUN.", UPPER) == "Two dogs run."
+    assert lowercased("\"1. TWO DOGS\"", UPPER) == "\"1. Two dogs\""
+    assert lowercased("Two Dogs.", AS_IS) == "Two Dogs."
+    assert recased("Zwei Hunde laufen über die Straße.", UPPER) == "ZWEI HUNDE LAUFEN ÜBER DIE STRASSE."
+    assert recased("Zwei Hunde.", AS_IS) == "Zwei Hunde."
+
+
+def test_a_line_is_prepared_sentence_by_sentence():
+    line = prepare_line("A DOG RUNS. A cat sleeps.", TextOptions(split="en", recase=True))
+    assert line.sentences == ["A dog runs.", "A cat sleeps."] and line.cases == [UPPER, AS_IS]
+    assert line.join(["Ein Hund rennt.", "Eine Katze schläft."]) == "EIN HUND RENNT. Eine Katze schläft."
+
+
+@pytest.mark.parametrize("text, options", [
+    ("A dog. A cat.", TextOptions()),  # no split: one sentence
+    ("  A DOG RUNS.  ", TextOptions(split="en")),  # one sentence (not stripped), and no recasing asked
+    ("", TextOptions(split="en", recase=True)),
+    ("   ", TextOptions(split="en", recase=True)),
+])
+def test_a_line_that_is_one_sentence_is_translated_as_written(text, options):
+    line = prepare_line(text, options)
+    assert line.sentences == [text] and line.spaces == [] and line.join(["x"]) == "x"
