@@ -5,8 +5,9 @@ capitals and the loop guard; and clean val (every variant) and test2016 (today's
     .venv/bin/python -m benchmarks.robustness_text --checkpoint runs/en-de/final --out benchmarks/results/robustness_text
 
 Inputs: ``benchmarks.trust_inputs.make`` (ten kinds, 40 lines each, val lines 151 on; ``--seed 1`` is
-the set of the issue and of the hand-labelled gold set benchmarks/gold/trust-natural). References
-where they survive: a caption's own German line (control, typos, mixed), in capitals for caps, and
+the set of the issue and of the hand-labelled gold set benchmarks/gold/trust-natural), and an
+eleventh kind, ``title``: the control captions in Title Case (``string.capwords``). References
+where they survive: a caption's own German line (control, typos, mixed, title), in capitals for caps, and
 the captions' lines joined by spaces for joined2, joined3 and long; numbers, list and fragment have
 none (their text is not the caption's any more).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import string
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +51,7 @@ VARIANTS = {
     "guard 2": (False, False, 2),
     "split": (True, False, 0),
     "split + recase": (True, True, 0),
+    "split + guard 2": (True, False, 2),
     "split + recase + guard 3": (True, True, 3),
     "split + recase + guard 2": (True, True, 2),
 }
@@ -66,7 +69,7 @@ def references(kind: str, lines: list[int], de: list[str]) -> str | None:
         return " ".join(de[i].strip() for i in lines)
     if kind == "caps":
         return de[lines[0]].strip().upper()
-    if kind in ("control", "typos", "mixed"):
+    if kind in ("control", "typos", "mixed", "title"):
         return de[lines[0]].strip()
     return None
 
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(args.data_dir)
     val = load_multi30k("val", src, tgt, data_dir)
     rows = [(kind, [int(i) - 1 for i in lines.split(",")], text) for kind, lines, text in make(data_dir, args.seed)]
+    rows += [("title", lines, string.capwords(text)) for kind, lines, text in rows if kind == "control"]
     refs = [references(kind, lines, val.tgt) for kind, lines, _ in rows]
     log = lambda message: print(message, flush=True)  # noqa: E731
     result: dict = {"checkpoint": str(loaded.path), "seed": args.seed, "beam": args.beam, "threads": args.threads,
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         alone = translator.translate([val.src[i] for kind, lines, _ in rows if kind in JOINED for i in lines])
         clean = translator.translate(val.src)
         per_kind = {}
-        for kind in KINDS:
+        for kind in (*KINDS, "title"):
             mine = [i for i, row in enumerate(rows) if row[0] == kind]
             entry = {"lines": len(mine), "loops": sum(looping(hyps[i]) for i in mine)}
             if refs[mine[0]] is not None:
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({entry['val_loops']} loops), {entry['seconds']}s")
     if args.seed == 1 and GOLD.is_file():  # how the detector agrees with the hand labels of today's translations
         labels = [line.split("\t")[1].strip() for line in GOLD.read_text(encoding="utf-8").splitlines()]
-        found = [looping(h) for h in outputs["today"]]
+        found = [looping(h) for h in outputs["today"][: len(labels)]]  # the gold set's 400 (title comes after)
         gold = [label == "repetition" for label in labels]
         both = sum(f and g for f, g in zip(found, gold))
         result["detector_vs_gold"] = {"hand_labelled_repetition": sum(gold), "detected": sum(found), "both": both}
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 def markdown(result: dict) -> str:
     names = list(result["variants"])
     lines = [f"Checkpoint `{result['checkpoint']}`, beam {result['beam']}, length penalty {result['length_penalty']}, "
-             f"inputs of `benchmarks.trust_inputs` seed {result['seed']} (40 a kind, Multi30k val lines 151 on), "
+             f"inputs of `benchmarks.trust_inputs` seed {result['seed']} (40 a kind, Multi30k val lines 151 on; title: "
+             "the control captions in Title Case), "
              f"{result['threads']} thread(s), {result['started']}, torch {result['torch']}. Loops: translations the "
              "benchmark's detector flags (`looping`); BLEU: sacreBLEU, cased, against the references that survive "
              "(caps: the German caption in capitals); \"one by one\": the same captions translated each alone and joined.",
@@ -164,7 +169,7 @@ def markdown(result: dict) -> str:
     kinds = list(result["variants"][names[0]]["kinds"])
     for kind in kinds:
         lines.append(f"| {kind} | " + " | ".join(str(result["variants"][n]["kinds"][kind]["loops"]) for n in names) + " |")
-    lines.append("| **all 400** | " + " | ".join(
+    lines.append(f"| **all {result['variants'][names[0]]['lines']}** | " + " | ".join(
         f"**{v['loops']}** ({100 * v['loops'] / v['lines']:.1f}%)" for v in result["variants"].values()) + " |")
     lines += ["", "BLEU per kind (where a reference survives):", "",
               "| kind | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]

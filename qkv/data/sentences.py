@@ -5,8 +5,8 @@ and loops on both (issue 66; docs/robustness.md). ``split_sentences`` cuts a lin
 end, with sentencex (Wikimedia's rule-based segmenter: per-language abbreviation lists for some 250
 languages with fallbacks between them, pure rules, no model to download, released 2026; pysbd and
 sentence-splitter, the usual alternatives, have had no release since 2021 and 2019). ``case_of`` /
-``lowercased`` / ``recased`` turn an ALL-CAPS sentence into the case the model knows and its
-translation back into capitals.
+``lowercased`` / ``recased`` turn an ALL-CAPS or Title Case sentence into the case the model knows,
+and the translation of one in capitals back into capitals.
 """
 
 from __future__ import annotations
@@ -51,19 +51,33 @@ def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
 
 
 UPPER = "upper"  # every cased letter of the sentence is a capital (and it has at least MIN_CAPITALS)
+TITLE = "title"  # Every Word Of Three Letters Or More Capitalized, As In A Headline (at least MIN_TITLE_WORDS of them)
 AS_IS = "as-is"
 MIN_CAPITALS = 4  # "USA", "OK" or "NASA" alone are words, not a sentence in capitals
+MIN_TITLE_WORDS = 3  # "Red Dog" is a name as much as a title
 
 
 def case_of(sentence: str) -> str:
-    """``UPPER`` for a sentence in capitals (at least ``MIN_CAPITALS`` letters, none lower case), else ``AS_IS``."""
+    """``UPPER`` for a sentence in capitals (at least ``MIN_CAPITALS`` letters, none lower case); ``TITLE``
+    for one whose every word of three letters or more starts with a capital, at least
+    ``MIN_TITLE_WORDS`` of them ("John Smith met Mary Jones." is no title: "met"; a German sentence has
+    lower-case verbs and adjectives beside its capitalized nouns); else ``AS_IS``."""
     letters = [c for c in sentence if c.isalpha() and c.lower() != c.upper()]
-    return UPPER if len(letters) >= MIN_CAPITALS and all(c.isupper() for c in letters) else AS_IS
+    if len(letters) >= MIN_CAPITALS and all(c.isupper() for c in letters):
+        return UPPER
+    words = [m.group() for m in map(_LETTER_RUN.search, sentence.split()) if m and len(m.group()) >= 3]
+    if len(words) >= MIN_TITLE_WORDS and all(w[0].isupper() for w in words):
+        return TITLE
+    return AS_IS
+
+
+_LETTER_RUN = re.compile(r"[^\W\d_]+")
 
 
 def lowercased(sentence: str, case: str) -> str:
-    """What the model translates: a sentence in capitals in sentence case ("TWO DOGS RUN." -> "Two dogs run.")."""
-    if case != UPPER:
+    """What the model translates: a sentence in capitals or in title case in sentence case
+    ("TWO DOGS RUN." and "Two Dogs Run." -> "Two dogs run."; names lose their capital too)."""
+    if case == AS_IS:
         return sentence
     lower = sentence.lower()
     first = _LETTER.search(lower)
@@ -71,7 +85,8 @@ def lowercased(sentence: str, case: str) -> str:
 
 
 def recased(translation: str, case: str) -> str:
-    """The translation in the source's case: in capitals for a sentence in capitals."""
+    """The translation in the source's case: in capitals for a sentence in capitals (a title's is left
+    in the sentence case the model writes: the target language's rules of capitals are its own)."""
     return translation.upper() if case == UPPER else translation
 
 
@@ -79,7 +94,8 @@ def recased(translation: str, case: str) -> str:
 class TextOptions:
     """How a translator treats a line before and after the search. ``split``: the source language
     whose sentence rules cut a line into sentences (None: a line is one sentence); ``recase``: a
-    sentence in capitals is translated in sentence case and its translation written in capitals."""
+    sentence in capitals or in title case is translated in sentence case, and the translation of one
+    in capitals is written in capitals."""
 
     split: str | None = None
     recase: bool = False

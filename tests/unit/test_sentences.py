@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkv.data.sentences import AS_IS, UPPER, Line, TextOptions, case_of, lowercased, prepare_line, recased, split_sentences
+from qkv.data.sentences import AS_IS, TITLE, UPPER, Line, TextOptions, case_of, lowercased, prepare_line, recased, split_sentences
 
 
 @pytest.mark.parametrize("line, sentences", [
@@ -55,6 +55,15 @@ def test_capitals_are_translated_in_sentence_case_and_written_back():
     assert lowercased("Two Dogs.", AS_IS) == "Two Dogs."
     assert recased("Zwei Hunde laufen über die Straße.", UPPER) == "ZWEI HUNDE LAUFEN ÜBER DIE STRASSE."
     assert recased("Zwei Hunde.", AS_IS) == "Zwei Hunde."
+
+
+def test_titles_are_translated_in_sentence_case():
+    assert case_of("A Man In A Blue Shirt Is Standing On A Ladder.") == TITLE
+    assert lowercased("A Man In A Blue Shirt.", TITLE) == "A man in a blue shirt."
+    assert recased("Ein Mann in einem blauen Hemd.", TITLE) == "Ein Mann in einem blauen Hemd."  # the model's case
+    assert case_of("John Smith met Mary Jones.") == AS_IS  # "met": not every word is capitalized
+    assert case_of("Ein Mann in einem blauen Hemd steht auf einer Leiter.") == AS_IS  # German nouns alone
+    assert case_of("Red Dog") == AS_IS  # too few words to tell a title from a name
 
 
 def test_a_line_is_prepared_sentence_by_sentence():
