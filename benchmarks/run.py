@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="timed repeats of each cell: (b) preset rows (default 3), (c) translation cells (default 5), "
                              "(d) decode-step sweeps (default 9); smoke: 2 (d: 3)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
+    parser.add_argument("--engines", help="(c): comma-separated engine:compute cells to run, e.g. qkv:float32,qkv:bfloat16 "
+                                          "(default: all)")
+    parser.add_argument("--sentences", type=int, default=0, help="(c): the first N sentences of test_2016_flickr (default: all)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                                         peak_flops=peak, log=log)
         elif name == "translation":
             section = translation.run(checkpoint_dir=args.checkpoint, data_dir=args.data_dir, smoke=args.smoke,
-                                      threads=threads, log=log, repeats=args.repeats)
+                                      threads=threads, log=log, repeats=args.repeats, sentences=args.sentences,
+                                      engines=[e.strip() for e in args.engines.split(",")] if args.engines else None)
         else:
             section = scaling.run(smoke=args.smoke, threads=threads, out=out, log=log, repeats=args.repeats)
         section |= {"seconds": round(time.perf_counter() - started, 1), "load_before": before, "load_after": load()}

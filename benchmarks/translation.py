@@ -1,5 +1,6 @@
 """(c) Translation throughput on Multi30k test_2016_flickr: qkv, Hugging Face ``generate`` and
-CTranslate2 on the same weights, greedy and beam 5, fp32 (CTranslate2 also int8), in two tables.
+CTranslate2 on the same weights, greedy and beam 5, fp32 (qkv also bfloat16 and int8, CTranslate2 also
+int8), in two tables.
 
 **Same batches.** The sentences are sorted by source length (ties by position) and cut into batches
 of ``SAME_BATCH`` sentences; every engine translates exactly these batches, one call per batch,
@@ -37,6 +38,7 @@ reported as the median sentences/s and the min-max. BLEU and the share of output
 
 from __future__ import annotations
 
+import copy
 import inspect
 import multiprocessing
 import shutil
@@ -57,6 +59,7 @@ from qkv.infer.search import DecodeConfig, max_output_length
 from qkv.infer.bleu import score
 from qkv.infer.shortlist import build as build_shortlist, load as load_shortlist, save as save_shortlist
 from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec, write_vmap
+from qkv.model.bf16 import bf16_native
 from qkv.model.quantize import int8_model, int8_supported
 from qkv.infer.translator import Translator
 
@@ -64,7 +67,7 @@ SAME_BATCH = 64  # sentences per batch in the same-batches table (CTranslate2's 
 HF_BATCH = 64
 BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for qkv's and CTranslate2's own settings
 UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
-ENGINES = (("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"),
+ENGINES = (("qkv", "float32"), ("qkv", "bfloat16"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"),
            ("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"))
 # A "+shortlist" cell decodes with a shortlist built for this run (qkv.infer.shortlist, the default k and
 # frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
@@ -76,6 +79,10 @@ TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (
     ("beam 5: qkv fp32+shortlist / CTranslate2 int8+vmap", 1.0, ("qkv", "float32+shortlist", 5), ("ctranslate2", "int8+vmap", 5)),
     ("beam 5: qkv int8+shortlist / CTranslate2 int8+vmap", 1.0, ("qkv", "int8+shortlist", 5), ("ctranslate2", "int8+vmap", 5)),
     ("greedy: qkv fp32 / CTranslate2 fp32", 1.2, ("qkv", "float32", 1), ("ctranslate2", "float32", 1)),
+    # issue 64: qkv in bfloat16 (qkv translate --bf16) against CTranslate2 at its CPU settings
+    ("beam 5: qkv bf16 / CTranslate2 fp32", 1.0, ("qkv", "bfloat16", 5), ("ctranslate2", "float32", 5)),
+    ("beam 5: qkv bf16 / CTranslate2 int8", 0.8, ("qkv", "bfloat16", 5), ("ctranslate2", "int8", 5)),
+    ("greedy: qkv bf16 / CTranslate2 fp32", 1.0, ("qkv", "bfloat16", 1), ("ctranslate2", "float32", 1)),
     ("beam 5: qkv fp32 / Hugging Face generate", 2.0, ("qkv", "float32", 5), ("huggingface", "float32", 5)),
 )
 
@@ -132,6 +139,8 @@ class _Engines:
         self.qkv_model = {"float32": model}
         if any(c.startswith("int8") for c in qkv_computes):
             self.qkv_model["int8"] = int8_model(model)  # qkv translate --int8
+        if "bfloat16" in qkv_computes:
+            self.qkv_model["bfloat16"] = copy.deepcopy(model).to(torch.bfloat16)  # qkv translate --bf16
 
     def ct2(self, compute: str, inter: int = 1, intra: int | None = None):
         import ctranslate2
@@ -219,13 +228,16 @@ class _Engines:
         self.translators.clear()
 
 
-def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0) -> dict:
+def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0,
+        engines: list[str] | None = None, sentences: int = 0) -> dict:
+    """``engines``: "engine:compute" names to run (default: all of ENGINES); ``sentences``: the first
+    that many of test_2016_flickr (default: all)."""
     repeats = repeats or (2 if smoke else 5)
     loaded = checkpoint.load(checkpoint_dir)
     model, tok = loaded.model, loaded.tokenizer
     data = loaded.config.get("data", {})
     corpus = load_multi30k("test_2016_flickr", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir)
-    n = 24 if smoke else len(corpus.src)
+    n = 24 if smoke else min(sentences or len(corpus.src), len(corpus.src))
     sources, references = corpus.src[:n], corpus.tgt[:n]
     batch_size, budgets = (8, (1024,)) if smoke else (SAME_BATCH, BUDGETS)
     missing, ct2_dir, compute_types = {}, None, []
@@ -251,9 +263,16 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         missing["ctranslate2 int8"] = f"this CPU's compute types are {compute_types}"
     if not int8_supported():
         missing["qkv int8"] = f"this PyTorch's quantized engines are {torch.backends.quantized.supported_engines}"
+    if not bf16_native(torch.device("cpu")):
+        missing["qkv bfloat16"] = "this CPU has no AVX-512 BF16 or AMX (qkv translate --bf16 would decode in float32)"
+    if engines:
+        unknown = set(engines) - {f"{e}:{c}" for e, c in ENGINES}
+        if unknown:
+            raise SystemExit(f"unknown engines {sorted(unknown)}: choose from {[f'{e}:{c}' for e, c in ENGINES]}")
     for name, reason in missing.items():
         log(f"translation: {name} skipped ({reason})")
-    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c.split('+')[0]}" not in missing]
+    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c.split('+')[0]}" not in missing
+               and (not engines or f"{e}:{c}" in engines)]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
     rows, choices = [], []

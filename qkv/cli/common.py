@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 
 from qkv.errors import QkvError
@@ -154,7 +155,32 @@ def device_of(args: argparse.Namespace):
 
 
 def int8_arg(p: argparse.ArgumentParser) -> None:
+    """The precision flags of the decoding commands: --int8 and --bf16."""
     p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (measured in docs/benchmarks.md)")
+    bf16_arg(p)
+
+
+def bf16_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bf16", action="store_true",
+                   help="decode in bfloat16 where the CPU (AVX-512 BF16 or AMX) or GPU multiplies it natively, "
+                        "scores still in float32; elsewhere a one-line note and float32 (docs/translation.md)")
+
+
+def precision_label(args: argparse.Namespace, model) -> str:
+    """', int8' or ', bfloat16' for a summary line (nothing for float32)."""
+    if getattr(args, "int8", False):
+        return ", int8"
+    return ", bfloat16" if str(next(model.parameters()).dtype) == "torch.bfloat16" else ""
+
+
+def decoding_dtype(args: argparse.Namespace, device):
+    """``--bf16``'s dtype on this device (a note on stderr where it falls back to float32)."""
+    from qkv.model.bf16 import decoding_dtype as choose
+
+    dtype, note = choose(device, True if args.bf16 else False)
+    if note:
+        print(note, file=sys.stderr)
+    return dtype
 
 
 def int8_device(args: argparse.Namespace):
@@ -170,18 +196,22 @@ def int8_device(args: argparse.Namespace):
 
 
 def decoding_model(args: argparse.Namespace):
-    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 if asked.
+    """The model of translate/evaluate (several ``--checkpoint``s: an ensemble), on its device, int8 or bfloat16 if asked.
     Also settles ``args.workers`` (auto: ``resolve_workers``)."""
     from qkv.model.cpu import tune_allocator
     from qkv.infer.ensemble import load_ensemble
     from qkv.model.quantize import int8_model
 
+    if args.int8 and args.bf16:
+        raise QkvError("--int8 and --bf16 are two precisions: choose one")
     model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
     if hasattr(args, "workers"):
         args.workers = resolve_workers(args, model.device)  # auto: now that the device is known
-    return (int8_model(model) if args.int8 else model), tokenizer
+    if args.int8:
+        return int8_model(model), tokenizer
+    return model.to(decoding_dtype(args, model.device)), tokenizer
 
 
 def shortlist_arg(p: argparse.ArgumentParser) -> None:

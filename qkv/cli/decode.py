@@ -9,7 +9,7 @@ from qkv.errors import QkvError
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.common import (
-    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, loop_guard_args, shortlist_arg,
+    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, precision_label, loop_guard_args, shortlist_arg,
     text_args, text_options, workers_arg, command,
 )
 
@@ -137,7 +137,7 @@ def evaluate(args: argparse.Namespace) -> int:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{', int8' if args.int8 else ''}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{precision_label(args, model)}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     if args.confidence:
         print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from qkv.errors import QkvError
-from qkv.cli.common import decode_args, decode_config, device_of, device_arg, command
+from qkv.cli.common import bf16_arg, decode_args, decode_config, device_of, device_arg, command
 
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +89,7 @@ def _score_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", action="store_true", help="also each target token's log-probability, and the tokens")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    bf16_arg(p)
     p.add_argument("--confidence", action="store_true",
                    help="instead of the scores, whether to trust each given translation (from qkv, another engine or a "
                         "person): one JSON object a line with confidence, flags, features and per-word marks (docs/trust.md)")
@@ -117,6 +118,10 @@ def score_command(args: argparse.Namespace) -> int:
         flagged = sum(bool(t.flags) for t in trusts)
         print(f"judged {len(trusts)} pairs: {flagged} flagged", file=sys.stderr)
         return 0
+    if args.bf16:  # the confidence above reads the float32 model's internals
+        from qkv.cli.common import decoding_dtype
+
+        loaded.model.to(decoding_dtype(args, loaded.model.device))
     scores = score_pairs(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, max_tokens=args.batch_tokens)
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(s.line(tokens=args.tokens) + "\n" for s in scores)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.cli.common import device_of, device_arg, command
+from qkv.cli.common import bf16_arg, decoding_dtype, device_of, device_arg, command
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -40,14 +40,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="seconds requests in flight get on SIGTERM; then they are dropped and the server exits (default 30)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    bf16_arg(p)
 
 
 @command("serve", "serve translations over HTTP: JSON API with dynamic batching, docs and an attention page", _serve_args)
 def serve_command(args: argparse.Namespace) -> int:
     from qkv.serve.app import DEFAULT_LIMITS, serve
 
+    device = device_of(args)
     serve(
-        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device_of(args),
+        args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device,
+        dtype=decoding_dtype(args, device),
         graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
     )
     return 0

@@ -20,13 +20,15 @@ def confidence_arg(p: argparse.ArgumentParser, what: str) -> None:
 
 def trust_model(args: argparse.Namespace, model, tokenizer):
     """The model whose internals the trust signals read, and its calibration: the (first) checkpoint's own
-    floating-point model (an --int8 copy or an ensemble is not one model), and its confidence.json if it has one."""
+    float32 model (an --int8 or --bf16 copy or an ensemble is not it), and its confidence.json if it has one."""
+    import torch
+
     from qkv.io import checkpoint
     from qkv.model.transformer import Transformer
     from qkv.inspect.trust import calibration_of
 
     paths = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
-    if not isinstance(model, Transformer) or getattr(args, "int8", False):
+    if not isinstance(model, Transformer) or getattr(args, "int8", False) or model.src_embed.weight.dtype != torch.float32:
         model = checkpoint.load(paths[0], device=model.device).model
     return model, tokenizer, calibration_of(checkpoint.resolve(paths[0]))
 

@@ -15,6 +15,7 @@ here, because FastAPI reads the request model from the endpoint's annotations at
 """
 
 import asyncio
+import copy
 import errno
 import json
 import logging
@@ -208,9 +209,12 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"detail": message}, status, headers)
 
 
-def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", **overrides: Any) -> FastAPI:
+def create_app(
+    checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **overrides: Any
+) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
-    the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``."""
+    the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
+    run on a bfloat16 copy of the model (``qkv.model.bf16``); confidence and attention read the float32 one."""
     unknown = set(overrides) - set(DEFAULT_LIMITS)
     if unknown:
         raise QkvError(f"unknown server limits: {', '.join(sorted(unknown))}")
@@ -225,8 +229,9 @@ def create_app(checkpoint_dir: str | Path, *, device: str | torch.device = "cpu"
     loaded = checkpoint.load(checkpoint_dir, device=device)
     info = model_info(loaded)
     tokenizer, max_src = loaded.tokenizer, loaded.model.config.max_len - 1
+    search_model = loaded.model if dtype == torch.float32 else copy.deepcopy(loaded.model).to(dtype)
     batcher = Batcher(
-        loaded.model, tokenizer, max_batch_sentences=limits["max_batch_sentences"],
+        loaded.model, tokenizer, search_model=search_model, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
         calibration=calibration_of(loaded.path), **checkpoint.decode_defaults(loaded.config),
@@ -370,6 +375,7 @@ def serve(
     log_level: str = "info",
     graceful_timeout: float = 30.0,
     device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
@@ -378,7 +384,7 @@ def serve(
 
     from qkv.model.cpu import tune_allocator
 
-    app = create_app(checkpoint_dir, device=device, **limits)
+    app = create_app(checkpoint_dir, device=device, dtype=dtype, **limits)
     if torch.device(device).type == "cpu":
         tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.model.cpu)
     sock = listen(host, port)

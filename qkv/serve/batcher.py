@@ -205,8 +205,10 @@ class Batcher:
         max_queue_work: int,
         length_penalty: float = DecodeConfig.length_penalty,
         calibration: dict | None = None,
+        search_model: Transformer | None = None,
     ) -> None:
-        self.model, self.tokenizer = model, tokenizer
+        self.model, self.tokenizer = model, tokenizer  # the float32 model: confidence and attention read it
+        self.search_model = search_model or model  # what searches and scores (a bfloat16 copy with --bf16)
         self.calibration = calibration  # the checkpoint's confidence.json (None: qkv.inspect.trust's default)
         self.length_penalty = length_penalty  # the checkpoint's choice (qkv.io.checkpoint.decode_defaults)
         self.max_batch_sentences, self.max_batch_tokens = max_batch_sentences, max_batch_tokens
@@ -224,7 +226,7 @@ class Batcher:
         self._decoding: list[Job] = []  # the jobs the model thread works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
         # The output layer runs once per decoding step: the place to notice that nobody waits.
-        self._hook = model.generator.register_forward_pre_hook(self._stop_if_abandoned)  # removed by close()
+        self._hook = self.search_model.generator.register_forward_pre_hook(self._stop_if_abandoned)  # removed by close()
 
     def _stop_if_abandoned(self, module: Any, args: Any) -> None:
         jobs = self._decoding
@@ -415,7 +417,7 @@ class Batcher:
         # One search for the whole group, with as many of the n best as any request asks for.
         config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty)
         translator = Translator(
-            self.model, self.tokenizer, config,
+            self.search_model, self.tokenizer, config,
             max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,
         )
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
@@ -459,7 +461,7 @@ class Batcher:
         if not todo:
             return scores
         log_probs = target_log_probs(
-            self.model, self.tokenizer, [src_ids[i] for i, _ in todo], [nbest[i][j].tokens for i, j in todo],
+            self.search_model, self.tokenizer, [src_ids[i] for i, _ in todo], [nbest[i][j].tokens for i, j in todo],
             max_tokens=self.max_batch_tokens,
         )
         for (i, j), lps in zip(todo, log_probs):
