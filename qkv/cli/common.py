@@ -167,7 +167,9 @@ def bf16_arg(p: argparse.ArgumentParser) -> None:
 
 
 def precision_label(args: argparse.Namespace, model) -> str:
-    """', int8' or ', bfloat16' for a summary line (nothing for float32)."""
+    """', int8' or ', bfloat16' for a summary line (nothing for float32), after the engine if not qkv."""
+    if getattr(args, "engine", "qkv") != "qkv":
+        return f", {args.engine}" + (" int8" if args.int8 else "")
     if getattr(args, "int8", False):
         return ", int8"
     return ", bfloat16" if str(next(model.parameters()).dtype) == "torch.bfloat16" else ""
@@ -204,14 +206,43 @@ def decoding_model(args: argparse.Namespace):
 
     if args.int8 and args.bf16:
         raise QkvError("--int8 and --bf16 are two precisions: choose one")
+    ct2 = getattr(args, "engine", "qkv") == "ctranslate2"
+    if ct2 and (args.bf16 or device_of(args).type != "cpu"):
+        raise QkvError("--engine ctranslate2 runs on the CPU in float32 or int8: not with --bf16 or --device cuda")
     model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
     if hasattr(args, "workers"):
         args.workers = resolve_workers(args, model.device)  # auto: now that the device is known
+    if ct2:  # qkv's float32 model: the tokenizer, the limits and the trust signals; CTranslate2 searches
+        return model, tokenizer
     if args.int8:
         return int8_model(model), tokenizer
     return model.to(decoding_dtype(args, model.device)), tokenizer
+
+
+def engine_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv",
+                   help="what runs the search: qkv, or CTranslate2 (the 'export' extra) on the checkpoint's export, made "
+                        "once into qkv's cache and checked against qkv on the first sentences; with --int8, CTranslate2's "
+                        "int8; --confidence is still read by qkv's own pass (docs/translation.md)")
+
+
+def translator_of(args: argparse.Namespace, model, tokenizer, config, **kwargs):
+    """The Translator of translate/evaluate: qkv's, or with ``--engine ctranslate2`` one whose search runs
+    in CTranslate2 (``qkv.interop.ct2_engine``), its own threads in one process."""
+    from qkv.infer.translator import Translator
+
+    if getattr(args, "engine", "qkv") == "qkv":
+        return Translator(model, tokenizer, config, **kwargs)
+    from qkv.interop.ct2_engine import CTranslate2Translator, ensure_export
+
+    if len(args.checkpoint) > 1:
+        raise QkvError("--engine ctranslate2 translates with one checkpoint: an ensemble runs on --engine qkv")
+    ct2_dir, fresh = ensure_export(args.checkpoint[0])
+    kwargs["workers"] = 1  # CTranslate2's threads, not qkv's processes
+    return CTranslate2Translator(model, tokenizer, config, ct2_dir=ct2_dir, compute_type="int8" if args.int8 else "float32",
+                                 check=fresh, **kwargs)
 
 
 def shortlist_arg(p: argparse.ArgumentParser) -> None:

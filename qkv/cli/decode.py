@@ -10,12 +10,13 @@ from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.common import (
     decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, precision_label, loop_guard_args, shortlist_arg,
-    text_args, text_options, workers_arg, command,
+    engine_arg, text_args, text_options, translator_of, workers_arg, command,
 )
 
 
 def _translate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
+    engine_arg(p)
     int8_arg(p)
     shortlist_arg(p)
     device_arg(p)
@@ -41,7 +42,7 @@ def translate(args: argparse.Namespace) -> int:
     import itertools
 
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
-    from qkv.infer.translator import Translator, input_lines, translate_stream
+    from qkv.infer.translator import input_lines, translate_stream
 
     from qkv.cli.inspect import trace_paths, write_trace
 
@@ -56,8 +57,8 @@ def translate(args: argparse.Namespace) -> int:
     if args.confidence and (args.n_best > 1 or args.sampling):
         raise QkvError("--confidence judges the one translation of each line: not with --n-best or --sampling")
     model, tokenizer = decoding_model(args)
-    translator = Translator(model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
-                            workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
+    translator = translator_of(args, model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
+                               workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
     annotate = annotator(args, model, tokenizer) if args.confidence else None
     with contextlib.ExitStack() as stack:
         if args.input:
@@ -79,6 +80,7 @@ def translate(args: argparse.Namespace) -> int:
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
+    engine_arg(p)
     int8_arg(p)
     shortlist_arg(p)
     device_arg(p)
@@ -106,7 +108,6 @@ def evaluate(args: argparse.Namespace) -> int:
     from qkv.infer.bleu import format_scores, score
     from qkv.io.outputs import check_output, output_file, read_dirs
     from qkv.infer.testset import MULTI30K_TEST, check_test_files, multi30k_pair
-    from qkv.infer.translator import Translator
 
     reads = read_dirs(args.checkpoint)
     if args.save:
@@ -128,8 +129,8 @@ def evaluate(args: argparse.Namespace) -> int:
                                args.data_dir or (data.get("data_dir") if data.get("corpus") == "multi30k" else None))
     started = time.perf_counter()
     shortlist = decoding_shortlist(args, model)
-    with Translator(model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
-                    shortlist=shortlist, text=text_options(args)) as translator:
+    with translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
+                       shortlist=shortlist, text=text_options(args)) as translator:
         hypotheses = translator.translate(corpus.src)
     seconds = time.perf_counter() - started
     if args.save:
