@@ -68,7 +68,10 @@ HF_BATCH = 64
 BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for qkv's and CTranslate2's own settings
 UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
 ENGINES = (("qkv", "float32"), ("qkv", "bfloat16"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"),
-           ("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"))
+           ("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"),
+           ("qkv+ct2", "float32"), ("qkv+ct2", "int8"))
+# "qkv+ct2" is `qkv translate --engine ctranslate2` (qkv.interop.ct2_engine.CTranslate2Translator over this
+# run's export), in the own-settings table: what qkv adds around CTranslate2 used directly.
 # A "+shortlist" cell decodes with a shortlist built for this run (qkv.infer.shortlist, the default k and
 # frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
 # vocabulary map (use_vmap=True). Both run in the own-settings table only: they are each engine's options.
@@ -83,6 +86,9 @@ TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (
     ("beam 5: qkv bf16 / CTranslate2 fp32", 1.0, ("qkv", "bfloat16", 5), ("ctranslate2", "float32", 5)),
     ("beam 5: qkv bf16 / CTranslate2 int8", 0.8, ("qkv", "bfloat16", 5), ("ctranslate2", "int8", 5)),
     ("greedy: qkv bf16 / CTranslate2 fp32", 1.0, ("qkv", "bfloat16", 1), ("ctranslate2", "float32", 1)),
+    ("beam 5: qkv --engine ctranslate2 / CTranslate2 fp32", 0.95, ("qkv+ct2", "float32", 5), ("ctranslate2", "float32", 5)),
+    ("beam 5: qkv --engine ctranslate2 --int8 / CTranslate2 int8", 0.95, ("qkv+ct2", "int8", 5), ("ctranslate2", "int8", 5)),
+    ("greedy: qkv --engine ctranslate2 / CTranslate2 fp32", 0.95, ("qkv+ct2", "float32", 1), ("ctranslate2", "float32", 1)),
     ("beam 5: qkv fp32 / Hugging Face generate", 2.0, ("qkv", "float32", 5), ("huggingface", "float32", 5)),
 )
 
@@ -183,6 +189,15 @@ class _Engines:
             def run(indices):
                 hyps = translator.translate_ids([self.src_ids[i] for i in indices])
                 return {i: h[0].tokens for i, h in zip(indices, hyps)}
+        elif engine == "qkv+ct2":
+            from qkv.interop.ct2_engine import CTranslate2Translator
+
+            translator = CTranslate2Translator(self.model, self.tok, self.config, ct2_dir=self.ct2_dir, compute_type=compute,
+                                               threads=self.threads)
+
+            def run(indices):
+                hyps = translator.translate_ids([self.src_ids[i] for i in indices])
+                return {i: h[0].tokens for i, h in zip(indices, hyps)}
         elif engine == "huggingface":
             def run(indices):
                 groups: dict[int, list[int]] = {}
@@ -271,7 +286,8 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
             raise SystemExit(f"unknown engines {sorted(unknown)}: choose from {[f'{e}:{c}' for e, c in ENGINES]}")
     for name, reason in missing.items():
         log(f"translation: {name} skipped ({reason})")
-    engines = [(e, c) for e, c in ENGINES if e not in missing and f"{e} {c.split('+')[0]}" not in missing
+    runs_on = lambda e: "ctranslate2" if e == "qkv+ct2" else e  # noqa: E731  what a cell needs installed
+    engines = [(e, c) for e, c in ENGINES if runs_on(e) not in missing and f"{runs_on(e)} {c.split('+')[0]}" not in missing
                and (not engines or f"{e}:{c}" in engines)]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
@@ -285,7 +301,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         for table in ("same", "own"):
             qkv_out = None
             for engine, compute in engines:
-                if table == "same" and compute.endswith(OWN_ONLY):
+                if table == "same" and (compute.endswith(OWN_ONLY) or engine == "qkv+ct2"):
                     continue
                 label = f"{table} batches" if table == "same" else "own settings"
                 load_1min = check_load(f"translation {engine} {compute} beam {beam}, {label}", threads, log)
@@ -356,6 +372,8 @@ def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, eng
 def _own_settings(engine: str, choice) -> str:
     if engine == "huggingface":
         return f"batches of <= {HF_BATCH} sentences sharing a length limit"
+    if engine == "qkv+ct2":
+        return "qkv translate --engine ctranslate2: CTranslate2 over qkv's lines, its default batches"
     budget, inter, intra = choice
     if engine == "qkv":
         max_sentences = inspect.signature(Translator).parameters["max_sentences"].default
