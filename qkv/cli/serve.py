@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from qkv.cli.common import bf16_arg, decoding_dtype, device_of, device_arg, command
+from qkv.cli.common import LOOP_GUARD, bf16_arg, decoding_dtype, device_of, device_arg, command
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +41,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     bf16_arg(p)
+    p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
+                   help=f"as qkv translate's: a sentence whose output loops is searched again with no repeated N-gram of "
+                        f"tokens; 0: off, the exact search (default {LOOP_GUARD}, chosen on val: docs/robustness.md)")
 
 
 @command("serve", "serve translations over HTTP: JSON API with dynamic batching, docs and an attention page", _serve_args)
@@ -50,7 +53,7 @@ def serve_command(args: argparse.Namespace) -> int:
     device = device_of(args)
     serve(
         args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device,
-        dtype=decoding_dtype(args, device),
+        dtype=decoding_dtype(args, device), loop_guard=args.loop_guard,
         graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
     )
     return 0

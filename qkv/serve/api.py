@@ -135,6 +135,16 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
         n_best: NBest | None = Field(
             None, description="also return each text's n best translations (1 to beam_size) with their scores"
         )
+        split: StrictBool = Field(
+            True, description="cut each text into sentences by the source language's rules, translate them in one "
+            "batch and join their translations (false: each text is one sentence); not with n_best, attention, "
+            "confidence or max_length, which describe or bound one search of each text as sent"
+        )
+        keep_case: StrictBool = Field(
+            False, description="translate a sentence in capitals or in Title Case as it is (default: in sentence "
+            "case, and the translation of one in capitals written back in capitals); as split, not with n_best, "
+            "attention, confidence or max_length"
+        )
         sampling: StrictBool = Field(
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"
         )

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkv.errors import QkvError
+from qkv.data.sentences import TextOptions, prepare_line
 from qkv.io import checkpoint
 from qkv.inspect.trust import calibration_of
 from qkv.serve.batcher import (
@@ -210,11 +211,14 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 
 def create_app(
-    checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, **overrides: Any
+    checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+    loop_guard: int = 0, **overrides: Any
 ) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
-    run on a bfloat16 copy of the model (``qkv.model.bf16``); confidence and attention read the float32 one."""
+    run on a bfloat16 copy of the model (``qkv.model.bf16``); confidence and attention read the float32 one.
+    ``loop_guard``: every search's ``DecodeConfig.loop_guard`` (0, the default here: the exact search;
+    ``qkv serve`` passes its ``--loop-guard``, 2 unless told)."""
     unknown = set(overrides) - set(DEFAULT_LIMITS)
     if unknown:
         raise QkvError(f"unknown server limits: {', '.join(sorted(unknown))}")
@@ -234,8 +238,9 @@ def create_app(
         loaded.model, tokenizer, search_model=search_model, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
-        calibration=calibration_of(loaded.path), **checkpoint.decode_defaults(loaded.config),
+        calibration=calibration_of(loaded.path), loop_guard=loop_guard, **checkpoint.decode_defaults(loaded.config),
     )
+    src_lang = info["src_lang"] or "en"  # whose rules cut a text into sentences (unknown: English's)
     TranslateRequest = request_model(
         max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src, vocab_size=tokenizer.vocab_size
     )
@@ -276,7 +281,13 @@ def create_app(
             settings = settings_of(body)
         except InvalidOptions as invalid:
             return _unprocessable(invalid.field, "invalid_combination", str(invalid))
-        src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(body.texts)]
+        lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
+        whole = body.n_best is not None or body.attention or body.confidence or body.max_length is not None
+        if (body.split or not body.keep_case) and not whole:
+            options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)
+            lines = [prepare_line(text, options) for text in body.texts]
+        texts = body.texts if lines is None else [s for line in lines for s in line.sentences]
+        src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(texts)]
         # The answer's size first: over it, attention is what to change (its weights also count as work).
         if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
             return _unprocessable("attention", "too_much_attention", (
@@ -289,7 +300,7 @@ def create_app(
         if work > max_work:
             return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
         try:
-            job = batcher.submit(body.texts, src_ids, settings, work)
+            job = batcher.submit(body.texts, src_ids, settings, work, lines=lines)
         except Busy as busy:
             return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         return await _answer(request, job)
@@ -376,6 +387,7 @@ def serve(
     graceful_timeout: float = 30.0,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    loop_guard: int = 0,
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
@@ -384,7 +396,7 @@ def serve(
 
     from qkv.model.cpu import tune_allocator
 
-    app = create_app(checkpoint_dir, device=device, dtype=dtype, **limits)
+    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, **limits)
     if torch.device(device).type == "cpu":
         tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.model.cpu)
     sock = listen(host, port)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkv.data.sentences import Line
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
@@ -145,10 +146,11 @@ class Job:
     The future's result is the response body, JSON bytes; a cancelled future means nobody waits."""
 
     texts: list[str]
-    src_ids: list[list[int]]
+    src_ids: list[list[int]]  # of each text, or with ``lines`` of each sentence of the texts
     settings: Settings
     work: int
     future: asyncio.Future
+    lines: list[Line] | None = None  # the texts cut into the sentences that ``src_ids`` encode (qkv.data.sentences)
     n_tokens: int = 0  # source tokens, each sentence's EOS included
 
     def __post_init__(self) -> None:
@@ -205,10 +207,12 @@ class Batcher:
         max_queue_work: int,
         length_penalty: float = DecodeConfig.length_penalty,
         calibration: dict | None = None,
+        loop_guard: int = 0,
         search_model: Transformer | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer  # the float32 model: confidence and attention read it
         self.search_model = search_model or model  # what searches and scores (a bfloat16 copy with --bf16)
+        self.loop_guard = loop_guard  # every search's DecodeConfig.loop_guard (qkv serve --loop-guard; 0: the exact search)
         self.calibration = calibration  # the checkpoint's confidence.json (None: qkv.inspect.trust's default)
         self.length_penalty = length_penalty  # the checkpoint's choice (qkv.io.checkpoint.decode_defaults)
         self.max_batch_sentences, self.max_batch_tokens = max_batch_sentences, max_batch_tokens
@@ -295,7 +299,8 @@ class Batcher:
     def queue_depth(self) -> int:
         return self.pending_requests
 
-    def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings, work: int) -> Job:
+    def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings, work: int,
+               lines: list[Line] | None = None) -> Job:
         if self.closing or self._queue is None:
             self.stats.rejected += 1
             raise Busy("the server is shutting down")
@@ -305,7 +310,7 @@ class Batcher:
                 f"the translation queue is full ({self.pending_requests} requests, {self.pending_work} units of "
                 f"work waiting; limits {self.max_queue} and {self.max_queue_work})"
             )
-        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future())
+        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines)
         self.pending_requests += 1
         self.pending_work += work
         job.future.add_done_callback(lambda _: self._release(job))
@@ -333,7 +338,7 @@ class Batcher:
         first = await self._next(None)
         if first is None:
             return [], True
-        batch, sentences, tokens, work = [first], len(first.texts), first.n_tokens, first.work
+        batch, sentences, tokens, work = [first], len(first.src_ids), first.n_tokens, first.work
         deadline = time.monotonic() + self.max_wait
         while sentences < self.max_batch_sentences and tokens < self.max_batch_tokens and work < self.max_batch_work:
             try:
@@ -345,14 +350,14 @@ class Batcher:
             if job.abandoned:  # its client went away while it waited: drop it, it takes no room
                 continue
             if (
-                sentences + len(job.texts) > self.max_batch_sentences
+                sentences + len(job.src_ids) > self.max_batch_sentences
                 or tokens + job.n_tokens > self.max_batch_tokens
                 or work + job.work > self.max_batch_work
             ):
                 self._held = job
                 break
             batch.append(job)
-            sentences, tokens, work = sentences + len(job.texts), tokens + job.n_tokens, work + job.work
+            sentences, tokens, work = sentences + len(job.src_ids), tokens + job.n_tokens, work + job.work
         return batch, False
 
     async def _run(self) -> None:
@@ -415,7 +420,8 @@ class Batcher:
 
     def _translate_group(self, search: Settings, jobs: list[Job]) -> list[bytes]:
         # One search for the whole group, with as many of the n best as any request asks for.
-        config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty)
+        config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty,
+                         loop_guard=self.loop_guard)
         translator = Translator(
             self.search_model, self.tokenizer, config,
             max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,
@@ -423,13 +429,16 @@ class Batcher:
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
         out, start = [], 0
         for job in jobs:
-            mine, start = hyps[start : start + len(job.texts)], start + len(job.texts)
+            mine, start = hyps[start : start + len(job.src_ids)], start + len(job.src_ids)
             out.append(self._answer(job, mine, config) if not job.abandoned else b"")
         return out
 
     def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig) -> bytes:
         """One request's JSON body from its texts' hypotheses, best first."""
         translations = [self.tokenizer.decode(h[0].tokens) for h in hyps]
+        if job.lines is not None:  # each text's sentences joined back (never with n_best, attention, confidence or max_length)
+            at = iter(translations)
+            translations = [line.join([next(at) for _ in line.sentences]) for line in job.lines]
         answer: dict[str, Any] = {"translations": translations}
         if job.settings.n_best is not None:
             nbest = [h[: job.settings.n_best] for h in hyps]

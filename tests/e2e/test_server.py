@@ -90,7 +90,8 @@ def loaded(model_dir):
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with load_test.ServerProcess(model_dir, "--max-wait-ms", "20", "--log-level", "info", log_path=log) as process:
+    # --loop-guard 0: the exact search, which the expected translations (the library's Translator) run
+    with load_test.ServerProcess(model_dir, "--max-wait-ms", "20", "--log-level", "info", "--loop-guard", "0", log_path=log) as process:
         yield process
 
 
@@ -589,7 +590,7 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     texts = DATES[:4]
     expected = expected_translations(loaded, texts, beam_size=2)
     # A long --max-wait-ms: the five requests below arrive together and share one batch.
-    args = ("--max-wait-ms", "500", "--log-level", "info")
+    args = ("--max-wait-ms", "500", "--log-level", "info", "--loop-guard", "0")  # the exact search, as expected_translations
     with load_test.ServerProcess(model_dir, *args, log_path=log, prelude=POISON_PRELUDE) as server:
 
         async def clients():

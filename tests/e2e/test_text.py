@@ -52,3 +52,24 @@ def test_no_split_with_the_guard_off_reproduces_todays_translations(tiny_run, tm
     # --no-split alone: each line is one sentence, searched with the loop guard
     guarded = Translator(loaded.model, loaded.tokenizer, DecodeConfig(**loaded.model.decode_defaults, loop_guard=2)).translate(lines)
     assert translate(capsys, tmp_path, tiny_run, lines, "--no-split", "--keep-case") == guarded
+
+
+def test_the_server_splits_recases_and_guards_as_qkv_translate_does(tiny_run, tmp_path, capsys):
+    import asyncio
+
+    import httpx
+
+    from qkv.serve.app import create_app
+
+    texts = [" ".join(SENTENCES), CAPS, "", "A dog."]
+    app = create_app(tiny_run, loop_guard=2)  # what qkv serve runs by default
+
+    async def post(bodies):
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://qkv", timeout=60) as client:
+                return [(await client.post("/v1/translate", json=body)).json() for body in bodies]
+
+    split, whole = asyncio.run(post([{"texts": texts}, {"texts": texts, "split": False, "keep_case": True}]))
+    assert split["translations"] == translate(capsys, tmp_path, tiny_run, texts)  # the command line's defaults
+    assert whole["translations"] == translate(capsys, tmp_path, tiny_run, texts, "--no-split", "--keep-case")
+    assert split["translations"][0] != whole["translations"][0] and not looping(split["translations"][1])
