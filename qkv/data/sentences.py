@@ -2,7 +2,7 @@
 
 A model trained on one caption a line (Multi30k) has never seen a paragraph or an all-caps sentence,
 and loops on both (issue 66; docs/robustness.md). ``split_sentences`` cuts a line where its sentences
-end, with sentencex (Wikimedia's rule-based segmenter: per-language abbreviation lists for some 250
+end, with sentencex (Wikimedia's rule-based segmenter: per-language abbreviation lists for some 300
 languages with fallbacks between them, pure rules, no model to download, released 2026; pysbd and
 sentence-splitter, the usual alternatives, have had no release since 2021 and 2019). ``case_of`` /
 ``lowercased`` / ``recased`` turn an ALL-CAPS or Title Case sentence into the case the model knows,
