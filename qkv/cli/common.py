@@ -97,8 +97,8 @@ def text_args(p: argparse.ArgumentParser) -> None:
                    help="translate each line as one sentence (default: cut a line into sentences by the source "
                         "language's rules, translate them in one batch and join their translations into one line)")
     p.add_argument("--keep-case", action="store_true",
-                   help="translate a sentence in capitals as it is (default: in sentence case, its translation "
-                        "written back in capitals)")
+                   help="translate a sentence in capitals or in Title Case as it is (default: in sentence case, "
+                        "and the translation of one in capitals written back in capitals)")
 
 
 def text_options(args: argparse.Namespace):
