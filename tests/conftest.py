@@ -2,25 +2,57 @@
 a small corpus of date pairs to train on.
 
 Multi30k is read from ``$QKV_DATA`` when it is set, else from ``../shared/data/multi30k`` beside the
-repository. Tests that need Multi30k fail when it is missing, so that a CI without the data cannot pass by
-skipping them; set QKV_ALLOW_MISSING_DATA=1 to skip them instead (a machine without the data).
+repository when that exists, else from qkv's own download cache (``~/.cache/qkv/multi30k``), which the
+first test that needs it fills, as ``qkv train`` would. Tests that need Multi30k fail when it is missing
+and cannot be downloaded, so that a CI without the data cannot pass by skipping them; set
+QKV_ALLOW_MISSING_DATA=1 to skip them instead (a machine without the data).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
 
-# $QKV_DATA (the variable qkv itself reads) when set, else ../shared/data/multi30k beside the repository.
-MULTI30K = Path(os.environ.get("QKV_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k")
+SHARED_MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+def multi30k_location(env: str | None, shared: Path) -> tuple[Path, bool]:
+    """Where the tests read Multi30k, and whether it is qkv's download cache (filled on first use):
+    ``env`` ($QKV_DATA, the variable qkv itself reads), else ``shared`` when it exists, else the cache."""
+    if env:
+        return Path(env), False
+    if shared.is_dir():
+        return shared, False
+    from qkv.data.corpus import multi30k_dir
+
+    return multi30k_dir(None), True
+
+
+MULTI30K, MULTI30K_IS_CACHE = multi30k_location(os.environ.get("QKV_DATA"), SHARED_MULTI30K)
+
+
+@functools.cache
+def _download_into_the_cache() -> str:
+    """Fill the cache with the files not there yet, once a session; what went wrong, or ''."""
+    from qkv.data.corpus import download_multi30k
+    from qkv.errors import DataError
+
+    try:
+        download_multi30k(MULTI30K)
+    except DataError as error:
+        return f"Multi30k not found at {MULTI30K}, and {error}"
+    return ""
 
 
 def require_multi30k() -> Path:
-    """MULTI30K; a failure when it is missing (a skip with QKV_ALLOW_MISSING_DATA=1)."""
-    if not MULTI30K.is_dir():
-        message = f"Multi30k not found at {MULTI30K}"
+    """MULTI30K, downloaded first when it is the cache; a failure when it is missing (a skip with
+    QKV_ALLOW_MISSING_DATA=1)."""
+    message = _download_into_the_cache() if MULTI30K_IS_CACHE else ""
+    if message or not MULTI30K.is_dir():
+        message = message or f"Multi30k not found at {MULTI30K}"
         if os.environ.get("QKV_ALLOW_MISSING_DATA") == "1":
             pytest.skip(message)
         pytest.fail(f"{message} (set QKV_ALLOW_MISSING_DATA=1 to skip the tests that need it)", pytrace=False)

@@ -100,7 +100,9 @@ def _is_demo_run(out: Path) -> bool:
         data = [json.loads(c.read_text(encoding="utf-8")).get("data", {}) for c in configs]
     except (OSError, ValueError):
         return False
-    return bool(data) and all(d.get("train_src") == str(out / "train.tsv") for d in data)
+    # A run records its files as resolved absolute paths; --out may be relative (the default, runs/demo).
+    mine = (out / "train.tsv").resolve()
+    return bool(data) and all(d.get("train_src") and Path(d["train_src"]).resolve() == mine for d in data)
 
 
 def run_demo(

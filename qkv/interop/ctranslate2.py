@@ -12,7 +12,7 @@ Decoding differs in one place that cannot be configured: CTranslate2 normalises 
 by ``length ** alpha``, qkv by GNMT's ``((5 + length) / 6) ** alpha``. ``ct2_translate`` therefore
 asks CTranslate2 for every finished hypothesis and ranks them with qkv's rule, which makes the two
 searches the same algorithm; what remains are floating-point differences between the engines.
-ctranslate2 is an optional dependency (``pip install qkv[export]``); importing this module does not need it.
+ctranslate2 is an optional dependency (the ``export`` extra); importing this module does not need it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise MissingPackage("exporting to CTranslate2 needs the ctranslate2 package: pip install 'qkv[export]'") from None
+        raise MissingPackage("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2 (in qkv's clone: pip install -e '.[export]')") from None
     return ctranslate2
 
 

@@ -80,7 +80,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise MissingPackage("Marian import and export need the transformers package: pip install 'qkv[marian]'") from None
+        raise MissingPackage("Marian import and export need the transformers package: pip install transformers (in qkv's clone: pip install -e '.[marian]')") from None
     return transformers
 
 

@@ -72,7 +72,7 @@ def open_tensorboard(directory: str | Path):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise QkvError("--tensorboard needs the tensorboard package: pip install 'qkv[tensorboard]'") from None
+        raise QkvError("--tensorboard needs the tensorboard package: pip install tensorboard (in qkv's clone: pip install -e '.[tensorboard]')") from None
     try:
         return SummaryWriter(str(directory))
     except OSError as error:

@@ -50,7 +50,7 @@ def test_tensorboard_is_refused_clearly_without_the_package(tmp_path, monkeypatc
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
-    with pytest.raises(ValueError, match=r"pip install 'qkv\[tensorboard\]'"):
+    with pytest.raises(ValueError, match=r"pip install tensorboard \(in qkv's clone: pip install -e '\.\[tensorboard\]'\)"):
         open_tensorboard(tmp_path / "board")
 
 

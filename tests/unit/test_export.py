@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install 'qkv[export]')")
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e '.[export]')")
 
 from qkv.io import checkpoint
 from qkv.cli import main as cli  # noqa: E402
