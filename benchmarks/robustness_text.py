@@ -63,6 +63,16 @@ def looping(translation: str) -> bool:
     return max(max_repeats(translation.split()), char_repeats(translation, max_n=6)) >= 3
 
 
+def _numbered(translation: str) -> bool:
+    """Whether a list's translation keeps its items' numbers "1.", "2.", "3." in that order."""
+    at = 0
+    for n in ("1.", "2.", "3."):
+        at = translation.find(n, at)
+        if at < 0:
+            return False
+    return True
+
+
 def references(kind: str, lines: list[int], de: list[str]) -> str | None:
     """The reference of one input, or None where the input is no longer the caption (numbers, list, fragment)."""
     if kind in JOINED:
@@ -111,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         for kind in (*KINDS, "title"):
             mine = [i for i, row in enumerate(rows) if row[0] == kind]
             entry = {"lines": len(mine), "loops": sum(looping(hyps[i]) for i in mine)}
+            if kind == "list":  # the items' numbers, in order, in the translation
+                entry["numbers_kept"] = sum(_numbered(hyps[i]) for i in mine)
             if refs[mine[0]] is not None:
                 entry["bleu"] = round(score([hyps[i] for i in mine], [refs[i] for i in mine])["bleu"], 2)
             per_kind[kind] = entry
@@ -171,6 +183,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {kind} | " + " | ".join(str(result["variants"][n]["kinds"][kind]["loops"]) for n in names) + " |")
     lines.append(f"| **all {result['variants'][names[0]]['lines']}** | " + " | ".join(
         f"**{v['loops']}** ({100 * v['loops'] / v['lines']:.1f}%)" for v in result["variants"].values()) + " |")
+    lines.append("| list: numbers 1. 2. 3. kept | " + " | ".join(
+        str(v["kinds"]["list"]["numbers_kept"]) for v in result["variants"].values()) + " |")
     lines += ["", "BLEU per kind (where a reference survives):", "",
               "| kind | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for kind in kinds:

@@ -104,22 +104,33 @@ class TextOptions:
 @dataclass
 class Line:
     """One input line as the search sees it: ``sentences`` to translate, and how to put their
-    translations back: the ``spaces`` between them and each sentence's ``cases``."""
+    translations back: the ``spaces`` between them, each sentence's ``cases`` and list ``markers``."""
 
     sentences: list[str]
     spaces: list[str]
     cases: list[str]
+    markers: list[str] | None = None  # each sentence's leading "1. ", "2) " or "- " ("": none), kept out of the search
 
     def join(self, translations: list[str]) -> str:
-        out = [recased(t, c) for t, c in zip(translations, self.cases)]
+        markers = self.markers or [""] * len(translations)
+        out = [m + recased(t, c) for t, c, m in zip(translations, self.cases, markers)]
         return "".join(t + s for t, s in zip(out, [*self.spaces, ""]))
 
 
+# A list item's number or bullet: the model would translate "2." as "Zwei" or drop it; it is put back as written.
+_MARKER = re.compile(r"(?:\d{1,3}[.)]|[-*\u2022\u2013])\s+(?=\S)")
+
+
 def prepare_line(line: str, options: TextOptions) -> Line:
-    """``line`` cut and cased as ``options`` ask. A line that is one sentence is translated as it was
-    written (not stripped), so that clean input is searched exactly as without the options."""
+    """``line`` cut and cased as ``options`` ask. With ``split``, a sentence's leading list number or
+    bullet is kept out of the search and put back before its translation. A line that is one
+    sentence without one is translated as it was written (not stripped), so that clean input is
+    searched exactly as without the options."""
     sentences, spaces = split_sentences(line, options.split) if options.split else ([line], [])
     if len(sentences) <= 1:
         sentences, spaces = [line], []
+    found = [_MARKER.match(s) if options.split else None for s in sentences]
+    markers = [m.group() if m else "" for m in found]
+    sentences = [s[len(m) :] for s, m in zip(sentences, markers)]
     cases = [case_of(s) if options.recase else AS_IS for s in sentences]
-    return Line([lowercased(s, c) for s, c in zip(sentences, cases)], spaces, cases)
+    return Line([lowercased(s, c) for s, c in zip(sentences, cases)], spaces, cases, markers)

@@ -15,7 +15,9 @@ import torch
 from conftest import MULTI30K, needs_multi30k, require_multi30k
 
 from qkv.io import checkpoint
+from qkv.cli.common import LOOP_GUARD
 from qkv.cli.main import main
+from qkv.data.sentences import TextOptions
 from qkv.data.corpus import load_multi30k
 from qkv.infer.search import DecodeConfig
 from qkv.infer.bleu import score
@@ -62,8 +64,9 @@ def test_translate_reads_stdin_and_writes_one_line_per_input_line(cli_run):
     assert result.stdout.count("\n") == 3
     outputs = result.stdout.splitlines()
     assert outputs[1] == "" and outputs[0] and outputs[2]
-    # the command writes what the library translates (beam 5, length penalty 0.6 by default)
-    assert outputs == Translator.from_checkpoint(run, DecodeConfig()).translate(lines)
+    # the command writes what the library translates (beam 5, length penalty 0.6, the loop guard, sentences and capitals)
+    config = DecodeConfig(loop_guard=LOOP_GUARD)
+    assert outputs == Translator.from_checkpoint(run, config, text=TextOptions(split="en", recase=True)).translate(lines)
 
 
 @needs_multi30k

@@ -72,6 +72,17 @@ def test_a_line_is_prepared_sentence_by_sentence():
     assert line.join(["Ein Hund rennt.", "Eine Katze schläft."]) == "EIN HUND RENNT. Eine Katze schläft."
 
 
+def test_a_list_items_number_or_bullet_is_put_back_as_written():
+    line = prepare_line("1. A dog runs; 2. A cat sleeps; 3. TWO MEN WALK.", TextOptions(split="en", recase=True))
+    assert line.sentences == ["A dog runs;", "A cat sleeps;", "Two men walk."]
+    assert line.join(["Ein Hund rennt;", "Eine Katze schläft;", "Zwei Männer gehen."]) == \
+        "1. Ein Hund rennt; 2. Eine Katze schläft; 3. ZWEI MÄNNER GEHEN."
+    assert prepare_line("- A dog runs.", TextOptions(split="en")).join(["Ein Hund rennt."]) == "- Ein Hund rennt."
+    for text in ("1.5 dogs run.", "3 dogs run.", "2. A dog runs."):  # a number that is no list marker; no split asked
+        options = TextOptions() if text.startswith("2.") else TextOptions(split="en")
+        assert prepare_line(text, options).sentences == [text]
+
+
 @pytest.mark.parametrize("text, options", [
     ("A dog. A cat.", TextOptions()),  # no split: one sentence
     ("  A DOG RUNS.  ", TextOptions(split="en")),  # one sentence (not stripped), and no recasing asked
