@@ -122,14 +122,17 @@ _MARKER = re.compile(r"(?:\d{1,3}[.)]|[-*\u2022\u2013])\s+(?=\S)")
 
 
 def prepare_line(line: str, options: TextOptions) -> Line:
-    """``line`` cut and cased as ``options`` ask. With ``split``, a sentence's leading list number or
-    bullet is kept out of the search and put back before its translation. A line that is one
+    """``line`` cut and cased as ``options`` ask. With ``split``, a sentence's leading bullet, or its list
+    number where two or more of the line's sentences have one, is kept out of the search and put back
+    before its translation. A line that is one
     sentence without one is translated as it was written (not stripped), so that clean input is
     searched exactly as without the options."""
     sentences, spaces = split_sentences(line, options.split) if options.split else ([line], [])
     if len(sentences) <= 1:
         sentences, spaces = [line], []
     found = [_MARKER.match(s) if options.split else None for s in sentences]
+    if sum(bool(m) and m.group()[0].isdigit() for m in found) < 2:  # one "3." is not a list: "3. Oktober 1990" is a date
+        found = [m if m and not m.group()[0].isdigit() else None for m in found]
     markers = [m.group() if m else "" for m in found]
     sentences = [s[len(m) :] for s, m in zip(sentences, markers)]
     cases = [case_of(s) if options.recase else AS_IS for s in sentences]

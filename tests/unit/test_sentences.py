@@ -78,6 +78,10 @@ def test_a_list_items_number_or_bullet_is_put_back_as_written():
     assert line.join(["Ein Hund rennt;", "Eine Katze schläft;", "Zwei Männer gehen."]) == \
         "1. Ein Hund rennt; 2. Eine Katze schläft; 3. ZWEI MÄNNER GEHEN."
     assert prepare_line("- A dog runs.", TextOptions(split="en")).join(["Ein Hund rennt."]) == "- Ein Hund rennt."
+    # One number is no list: a German date keeps its ordinal in the search (and so does a lone "2." item).
+    for text in ("3. Oktober 1990", "3. Oktober 1990. Ein Hund rennt.", "2. A dog runs."):
+        line = prepare_line(text, TextOptions(split="de"))
+        assert line.sentences[0].startswith(text.split(".")[0] + ".") and all(m == "" for m in line.markers), line
     for text in ("1.5 dogs run.", "3 dogs run.", "2. A dog runs."):  # a number that is no list marker; no split asked
         options = TextOptions() if text.startswith("2.") else TextOptions(split="en")
         assert prepare_line(text, options).sentences == [text]
