@@ -41,6 +41,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     bf16_arg(p)
+    p.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv",
+                   help="what runs the search: qkv, or CTranslate2 on the checkpoint's export (as qkv translate's; beam and "
+                        "greedy search only, no n_best above 1 or sampling); confidence and attention are read by qkv")
     p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
                    help=f"as qkv translate's: a sentence whose output loops is searched again with no repeated N-gram of "
                         f"tokens; 0: off, the exact search (default {LOOP_GUARD}, chosen on val: docs/robustness.md)")
@@ -53,7 +56,7 @@ def serve_command(args: argparse.Namespace) -> int:
     device = device_of(args)
     serve(
         args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device,
-        dtype=decoding_dtype(args, device), loop_guard=args.loop_guard,
+        dtype=decoding_dtype(args, device), loop_guard=args.loop_guard, engine=args.engine,
         graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
     )
     return 0

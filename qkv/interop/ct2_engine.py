@@ -66,7 +66,9 @@ class CTranslate2Translator(Translator):
     model is qkv's, for the tokenizer, the limits and whatever reads its internals."""
 
     def __init__(self, model, tokenizer, config: DecodeConfig | None, *, ct2_dir: Path, compute_type: str = "float32",
-                 threads: int = 0, check: bool = False, log=lambda m: print(m, file=sys.stderr), **kwargs) -> None:
+                 threads: int = 0, check: bool = False, log=lambda m: print(m, file=sys.stderr), engine=None, **kwargs) -> None:
+        """``engine``: a ``ctranslate2.Translator`` of ``ct2_dir`` to reuse (the server makes one Translator
+        per batch and loads the model once)."""
         super().__init__(model, tokenizer, config, **kwargs)
         self.ct2_dir, self.check, self.log = Path(ct2_dir), check, log
         if self.config.sampling or self.config.n_best > 1:
@@ -78,7 +80,7 @@ class CTranslate2Translator(Translator):
         if compute_type not in supported:
             raise QkvError(f"CTranslate2 on this CPU computes in {', '.join(sorted(supported))}, not {compute_type}")
         self.compute_type, self.threads = compute_type, threads or torch.get_num_threads()
-        self.engine = ct2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=self.threads)
+        self.engine = engine or ct2.Translator(str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=self.threads)
 
     def translate_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
         """CTranslate2's best translation of each source (scores are not kept: NaN); empty sources give ''."""

@@ -170,6 +170,26 @@ def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
     }
 
 
+ENGINES = ("qkv", "ctranslate2")
+
+
+def _ct2_translators(loaded: checkpoint.Checkpoint):
+    """``Batcher``'s make_translator for --engine ctranslate2: one CTranslate2 model for every batch; the
+    first batch of a new export checks it against qkv's search (``qkv.interop.ct2_engine``)."""
+    from qkv.interop.ct2_engine import CTranslate2Translator, ensure_export
+
+    ct2_dir, fresh = ensure_export(loaded.path, log=log.info)
+    state = {"check": fresh, "engine": None}
+
+    def make(config, **kwargs):
+        translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, check=state["check"],
+                                           engine=state["engine"], log=log.info, **kwargs)
+        state["check"], state["engine"] = False, translator.engine  # checked on its first batch (or it raised)
+        return translator
+
+    return make
+
+
 # How the work of a request is counted, for the API's description and the 422 that refuses too much.
 WORK_RULES = (
     f"a unit is one decoder step of one output token. Per text: {SOURCE_TOKEN_WORK} per source token for each pass "
@@ -212,13 +232,19 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def create_app(
     checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    loop_guard: int = 0, **overrides: Any
+    loop_guard: int = 0, engine: str = "qkv", **overrides: Any
 ) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
     run on a bfloat16 copy of the model (``qkv.model.bf16``); confidence and attention read the float32 one.
     ``loop_guard``: every search's ``DecodeConfig.loop_guard`` (0, the default here: the exact search;
-    ``qkv serve`` passes its ``--loop-guard``, 2 unless told)."""
+    ``qkv serve`` passes its ``--loop-guard``, 2 unless told). ``engine`` "ctranslate2": CTranslate2 searches
+    (``qkv.interop.ct2_engine``: the checkpoint's export, made once into qkv's cache and checked on the
+    first batch), for beam search and greedy search only."""
+    if engine not in ENGINES:
+        raise QkvError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
+    if engine == "ctranslate2" and (dtype != torch.float32 or torch.device(device).type != "cpu"):
+        raise QkvError("--engine ctranslate2 runs on the CPU in float32: not with --bf16 or --device cuda")
     unknown = set(overrides) - set(DEFAULT_LIMITS)
     if unknown:
         raise QkvError(f"unknown server limits: {', '.join(sorted(unknown))}")
@@ -234,8 +260,11 @@ def create_app(
     info = model_info(loaded)
     tokenizer, max_src = loaded.tokenizer, loaded.model.config.max_len - 1
     search_model = loaded.model if dtype == torch.float32 else copy.deepcopy(loaded.model).to(dtype)
+    make_translator = None
+    if engine == "ctranslate2":
+        make_translator = _ct2_translators(loaded)
     batcher = Batcher(
-        loaded.model, tokenizer, search_model=search_model, max_batch_sentences=limits["max_batch_sentences"],
+        loaded.model, tokenizer, search_model=search_model, make_translator=make_translator, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
         calibration=calibration_of(loaded.path), loop_guard=loop_guard, **checkpoint.decode_defaults(loaded.config),
@@ -281,6 +310,10 @@ def create_app(
             settings = settings_of(body)
         except InvalidOptions as invalid:
             return _unprocessable(invalid.field, "invalid_combination", str(invalid))
+        if engine == "ctranslate2" and (settings.sampling or (settings.n_best or 1) > 1):
+            field = "sampling" if settings.sampling else "n_best"
+            return _unprocessable(field, "not_on_this_engine",
+                                  f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
         whole = body.n_best is not None or body.attention or body.confidence or body.max_length is not None
         if (body.split or not body.keep_case) and not whole:
@@ -388,6 +421,7 @@ def serve(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     loop_guard: int = 0,
+    engine: str = "qkv",
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
@@ -396,7 +430,7 @@ def serve(
 
     from qkv.model.cpu import tune_allocator
 
-    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, **limits)
+    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, engine=engine, **limits)
     if torch.device(device).type == "cpu":
         tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.model.cpu)
     sock = listen(host, port)

@@ -31,6 +31,7 @@ import math
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -209,9 +210,13 @@ class Batcher:
         calibration: dict | None = None,
         loop_guard: int = 0,
         search_model: Transformer | None = None,
+        make_translator: Callable[..., Translator] | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer  # the float32 model: confidence and attention read it
         self.search_model = search_model or model  # what searches and scores (a bfloat16 copy with --bf16)
+        # (config, max_tokens=, max_sentences=) -> the Translator of one batch: qkv's over search_model, or
+        # with --engine ctranslate2 one that searches in CTranslate2 (qkv.interop.ct2_engine)
+        self.make_translator = make_translator or (lambda config, **kw: Translator(self.search_model, self.tokenizer, config, **kw))
         self.loop_guard = loop_guard  # every search's DecodeConfig.loop_guard (qkv serve --loop-guard; 0: the exact search)
         self.calibration = calibration  # the checkpoint's confidence.json (None: qkv.inspect.trust's default)
         self.length_penalty = length_penalty  # the checkpoint's choice (qkv.io.checkpoint.decode_defaults)
@@ -422,10 +427,7 @@ class Batcher:
         # One search for the whole group, with as many of the n best as any request asks for.
         config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty,
                          loop_guard=self.loop_guard)
-        translator = Translator(
-            self.search_model, self.tokenizer, config,
-            max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences,
-        )
+        translator = self.make_translator(config, max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences)
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
         out, start = [], 0
         for job in jobs:

@@ -71,3 +71,36 @@ def test_an_export_that_does_not_translate_as_qkv_does_is_removed(tiny_run, rand
     with pytest.raises(QkvError, match="not using it"):
         translator.translate(LINES)
     assert not wrong.exists()
+
+
+def test_the_server_searches_with_ctranslate2_and_refuses_what_it_cannot(tiny_run, cache):
+    """create_app(engine="ctranslate2"): the translations are CTranslate2's (as `qkv translate --engine
+    ctranslate2` gives them), confidence is still qkv's reading, n_best above 1 and sampling are 422s."""
+    import asyncio
+
+    import httpx
+
+    from qkv.serve.app import create_app
+
+    texts = [line for line in LINES if line]
+    app = create_app(tiny_run, engine="ctranslate2")
+
+    async def ask(bodies):
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return [await client.post("/v1/translate", json=b) for b in bodies]
+
+    ok, nbest, sample = asyncio.run(ask([{"texts": texts, "beam_size": 3, "confidence": True},
+                                         {"texts": texts, "beam_size": 3, "n_best": 2},
+                                         {"texts": texts, "sampling": True}]))
+    assert ok.status_code == 200, ok.text
+    loaded = checkpoint.load(tiny_run)
+    tok = loaded.tokenizer
+    config = DecodeConfig(beam_size=3, **checkpoint.decode_defaults(loaded.config))
+    direct = ct2_translate_ids(ct2.Translator(str(export_dir(loaded.path)), device="cpu"), tok,
+                               [tok.encode(s) for s in texts], config, max_len=loaded.model.config.max_len)
+    assert ok.json()["translations"] == [tok.decode(ids) for ids in direct]
+    assert len(ok.json()["confidence"]) == len(texts)
+    for refused, field in ((nbest, "n_best"), (sample, "sampling")):
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", field], refused.text
