@@ -450,7 +450,7 @@ def markdown(section: dict) -> str:
     for t in section["targets"]:
         cells = [f"{c['ratio']:.2f}x ({c['low']:.2f}-{c['high']:.2f}) {'met' if c['met'] else 'missed'}"
                  if c["available"] else f"**{c['reason']}**" for c in (t["same"], t["own"])]
-        lines.append(f"| {t['target']} | >= {t['goal']:.1f}x | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {t['target']} | >= {t['goal']:g}x | {cells[0]} | {cells[1]} |")
     noisy = [r for r in section["rows"] if r["busy"]]
     if noisy:
         lines += ["", f"**Warning**: {len(noisy)} of {len(section['rows'])} cells started with another job running "

@@ -179,12 +179,14 @@ def _ct2_translators(loaded: checkpoint.Checkpoint):
     from qkv.interop.ct2_engine import CTranslate2Translator, ensure_export
 
     ct2_dir, fresh = ensure_export(loaded.path, log=log.info)
-    state = {"check": fresh, "engine": None}
+    parity = {"pending": fresh, "failed": None}  # shared: a failed check fails every later batch too
+    engine = None
 
     def make(config, **kwargs):
-        translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, check=state["check"],
-                                           engine=state["engine"], log=log.info, **kwargs)
-        state["check"], state["engine"] = False, translator.engine  # checked on its first batch (or it raised)
+        nonlocal engine
+        translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, check=parity,
+                                           engine=engine, log=log.info, **kwargs)
+        engine = translator.engine
         return translator
 
     return make

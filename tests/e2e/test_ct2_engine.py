@@ -39,7 +39,7 @@ def test_translate_is_ctranslate2_used_directly_on_an_export_made_once(tiny_run,
     tok = loaded.tokenizer
     config = DecodeConfig(beam_size=3, **checkpoint.decode_defaults(loaded.config))
     direct = ct2_translate_ids(ct2.Translator(str(made), device="cpu"), tok, [tok.encode(s) for s in LINES], config,
-                               max_len=loaded.model.config.max_len)
+                               max_len=loaded.model.config.max_len, max_tokens=2048)  # --batch-tokens' default
     assert first.out.split("\n")[:-1] == [tok.decode(ids) for ids in direct]
     assert main(args) == 0  # the second run reuses the export
     again = capsys.readouterr()
@@ -99,7 +99,8 @@ def test_the_server_searches_with_ctranslate2_and_refuses_what_it_cannot(tiny_ru
     tok = loaded.tokenizer
     config = DecodeConfig(beam_size=3, **checkpoint.decode_defaults(loaded.config))
     direct = ct2_translate_ids(ct2.Translator(str(export_dir(loaded.path)), device="cpu"), tok,
-                               [tok.encode(s) for s in texts], config, max_len=loaded.model.config.max_len)
+                               [tok.encode(s) for s in texts], config, max_len=loaded.model.config.max_len,
+                               max_tokens=4096)  # --max-batch-tokens' default
     assert ok.json()["translations"] == [tok.decode(ids) for ids in direct]
     assert len(ok.json()["confidence"]) == len(texts)
     for refused, field in ((nbest, "n_best"), (sample, "sampling")):
