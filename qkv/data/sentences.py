@@ -137,3 +137,21 @@ def prepare_line(line: str, options: TextOptions) -> Line:
     sentences = [s[len(m) :] for s, m in zip(sentences, markers)]
     cases = [case_of(s) if options.recase else AS_IS for s in sentences]
     return Line([lowercased(s, c) for s, c in zip(sentences, cases)], spaces, cases, markers)
+
+
+def case_augmented(src: list[str], tgt: list[str], share: float, seed: int) -> tuple[list[str], list[str]]:
+    """Training pairs with ``share`` of them recased, drawn from ``seed`` (``--data case_augment``; as
+    Marian's ``--all-caps-every`` and ``--english-title-case-every``): half of those in capitals on both
+    sides, the other half with the source in Title Case (every word capitalised) and the target as it is.
+    The rest, and the order, are unchanged."""
+    import random
+
+    rng = random.Random(seed)
+    src, tgt = list(src), list(tgt)
+    for i in range(len(src)):
+        if rng.random() < share:
+            if rng.random() < 0.5:
+                src[i], tgt[i] = src[i].upper(), tgt[i].upper()
+            else:
+                src[i] = " ".join(w[:1].upper() + w[1:] for w in src[i].split(" "))
+    return src, tgt

@@ -39,6 +39,7 @@ class DataConfig:
     vocab_size: int = 8000  # >= 16; joint source+target subword vocabulary
     max_len: int = 128  # >= 1; subword tokens kept per side
     subword_dropout: float = 0.0  # in [0, 1); BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
+    case_augment: float = 0.0  # in [0, 1); the share of training pairs recased each epoch (half all caps on both sides, half a Title Case source), drawn afresh every epoch
     train_limit: int = 0  # >= 0; use only the first N training pairs (0: all); for quick runs and CI
     valid_limit: int = 0  # >= 0; use only the first N validation pairs (0: all)
 
@@ -58,14 +59,17 @@ class DataConfig:
                 raise ConfigError(f"{name} must be >= 0 (0: all), got {getattr(self, name)}")
         if not 0 <= self.subword_dropout < 1:
             raise ConfigError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
+        if not 0 <= self.case_augment < 1:
+            raise ConfigError(f"case_augment must be in [0, 1), got {self.case_augment}")
         if self.corpus == "prepared":
             if not self.data_dir:
                 raise ConfigError("corpus 'prepared' needs data_dir: the directory qkv prepare wrote")
-            if self.subword_dropout:
-                raise ConfigError(
-                    "a prepared corpus holds one segmentation of every pair: subword_dropout applies to text corpora "
-                    "(train on the text files to use it)"
-                )
+            for name in ("subword_dropout", "case_augment"):
+                if getattr(self, name):
+                    raise ConfigError(
+                        f"a prepared corpus holds one segmentation of every pair: {name} applies to text corpora "
+                        "(train on the text files to use it)"
+                    )
 
 
 @dataclass(frozen=True)

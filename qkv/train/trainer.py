@@ -17,7 +17,7 @@ import contextlib
 import signal
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from qkv.model import kernels
 from qkv.train import validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data.corpus import Batches, EncodedCorpus, collate, encode_corpus, token_batches
+from qkv.data.sentences import case_augmented
 from qkv.io.prepared import MappedSide, Prepared, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
@@ -277,14 +278,18 @@ class Trainer:
 
     def epoch_ids(self, epoch: int) -> EncodedCorpus:
         """The training pairs as the model sees them in ``epoch``: one segmentation for every epoch,
-        or with ``subword_dropout`` one drawn for this epoch (from the seed and the epoch alone, so a
-        resumed run draws it again)."""
-        dropout = self.data_cfg.subword_dropout
-        if not dropout:
+        or with ``subword_dropout`` (and ``case_augment``, the pairs recased) one drawn for this epoch
+        (from the seed and the epoch alone, so a resumed run draws it again)."""
+        dropout, recase = self.data_cfg.subword_dropout, self.data_cfg.case_augment
+        if not dropout and not recase:
             return self.train_ids
         if self._sampled is None or self._sampled[0] != epoch:
             seed = self.train_cfg.seed * 1_000_003 + epoch
-            self._sampled = (epoch, encode_corpus(self.tokenizer, self.train_data, self.max_len, dropout=dropout, seed=seed))
+            data = self.train_data
+            if recase:  # this epoch's share of pairs in capitals or Title Case (qkv.data.sentences.case_augmented)
+                src, tgt = case_augmented(data.src, data.tgt, recase, seed)
+                data = replace(data, src=src, tgt=tgt)
+            self._sampled = (epoch, encode_corpus(self.tokenizer, data, self.max_len, dropout=dropout, seed=seed))
         return self._sampled[1]
 
     def batches(self, epoch: int) -> Batches:

@@ -417,3 +417,23 @@ def test_by_default_the_budget_is_planned_after_the_first_validation_whose_time_
     assert events[:2] == [("valid", 3), ("budget", 3)]
     planned = trainer.log.records[[r["event"] for r in trainer.log.records].index("budget")]["planned_steps"]
     assert (result.step, result.stopped_because) == (planned, "time_budget")
+
+
+def test_case_augmentation_draws_each_epochs_recased_pairs_from_the_seed(tmp_path, dates_tsv):
+    """--data case_augment=P: each epoch's training ids hold a fresh share of pairs in capitals or Title
+    Case (the same text otherwise), drawn from the seed and the epoch alone; a prepared corpus refuses it."""
+    model, train, data = dates_configs(dates_tsv, eval_every=1000, tune_length_penalty=False)
+    data = dataclasses.replace(data, case_augment=0.5)
+    probe = Trainer(tmp_path / "probe", model, train, data)
+    from qkv.data.sentences import case_augmented
+
+    fixed, first, second = probe.train_ids, probe.epoch_ids(0), probe.epoch_ids(1)
+    assert first.src_ids != fixed.src_ids and first.src_ids != second.src_ids
+    src, tgt = probe.train_data.src, probe.train_data.tgt
+    for epoch, ids in ((0, first), (1, second)):  # exactly this epoch's recased pairs, encoded
+        recased_src, recased_tgt = case_augmented(src, tgt, 0.5, seed=train.seed * 1_000_003 + epoch)
+        assert ids.src_ids == [probe.tokenizer.encode(s)[: probe.max_len] for s in recased_src]
+        assert ids.tgt_ids == [probe.tokenizer.encode_target(t)[: probe.max_len] for t in recased_tgt]
+    assert Trainer(tmp_path / "again", model, train, data).epoch_ids(1) == second  # from the seed and epoch alone
+    with pytest.raises(ConfigError, match="case_augment applies to text corpora"):
+        dataclasses.replace(data, corpus="prepared", data_dir=str(tmp_path))

@@ -96,3 +96,18 @@ def test_a_list_items_number_or_bullet_is_put_back_as_written():
 def test_a_line_that_is_one_sentence_is_translated_as_written(text, options):
     line = prepare_line(text, options)
     assert line.sentences == [text] and line.spaces == [] and line.join(["x"]) == "x"
+
+
+def test_case_augmentation_recases_about_its_share_from_the_seed_alone():
+    from qkv.data.sentences import case_augmented
+
+    src = [f"a man number {i} rides a bike ." for i in range(2000)]
+    tgt = [f"ein mann nummer {i} fährt rad ." for i in range(2000)]
+    s1, t1 = case_augmented(src, tgt, 0.2, seed=7)
+    assert (s1, t1) == case_augmented(src, tgt, 0.2, seed=7) and s1 != case_augmented(src, tgt, 0.2, seed=8)[0]
+    caps = [i for i, (s, t) in enumerate(zip(s1, t1)) if s == src[i].upper() and t == tgt[i].upper()]
+    titles = [i for i, (s, t) in enumerate(zip(s1, t1)) if s.startswith("A Man Number") and t == tgt[i]]
+    untouched = [i for i, (s, t) in enumerate(zip(s1, t1)) if s == src[i] and t == tgt[i]]
+    assert len(caps) + len(titles) + len(untouched) == 2000  # nothing else happens to a pair
+    assert 150 < len(caps) < 250 and 150 < len(titles) < 250  # half of 20% each, within sampling noise
+    assert case_augmented(src, tgt, 0.0, seed=7) == (src, tgt)
