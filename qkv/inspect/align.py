@@ -116,7 +116,7 @@ def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method:
         _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed
         cross = weights.cross[layer].float()  # (B, H, T, S)
         return cross.mean(dim=1) if head is None else cross[:, head]
-    found = contributions(model, src, tgt_in)
+    found = contributions(model, src, tgt_in, alti=method == "alti")  # value norms need no rollout
     if head is not None:  # method "norm": one head's alpha ||f(x)||
         return found.head_norms[layer][:, head].float()
     return reading(found, method, layer).float()

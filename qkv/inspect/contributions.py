@@ -144,12 +144,14 @@ class Contributions:
 
 
 @torch.inference_mode()
-def contributions(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributions:
+def contributions(model: Transformer, src: Tensor, tgt_in: Tensor, *, alti: bool = True) -> Contributions:
     """Every reading for a padded batch: src (B, S) ids ending in EOS, tgt_in (B, T) = BOS + target.
 
     Runs the model's own layers one block at a time, in the model's dtype (float64 for the exactness
     tests: ``model.double()``); ``hidden`` (B, T, D) and ``memory`` (B, S, D) are the decoder's and
-    encoder's real outputs, as ``encode`` and ``decode_hidden`` give them.
+    encoder's real outputs, as ``encode`` and ``decode_hidden`` give them. With ``alti`` False only
+    the cross-attention blocks are decomposed (weights, head norms and norms; ``alti`` and
+    ``encoder_alti`` stay empty): what ``qkv align --method norm`` reads, without ALTI's rollout.
     """
     if model.training:
         raise QkvError("contributions are read from a model in eval mode (dropout off): call model.eval()")
@@ -158,6 +160,8 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributi
     src_mask = src != model.config.pad_id  # (B, S)
     B, S = src.shape
     T = tgt_in.size(1)
+    if not alti:
+        return _cross_only(model, src, tgt_in)
     x = model._embed(model.src_embed, src)  # (B, S, D)
     rollout = torch.eye(S, dtype=x.dtype, device=x.device).expand(B, S, S)  # (B, S, S)
     for layer in model.encoder_layers:
@@ -182,6 +186,21 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributi
         norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
         altis.append(alti)
     return Contributions(weights, head_norms, norms, altis, encoder_alti, memory, model.decoder_norm(y))
+
+
+def _cross_only(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributions:
+    """``contributions(alti=False)``: the model's own passes, with only the cross blocks decomposed."""
+    memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
+    y = model._embed(model.tgt_embed, tgt_in)  # (B, T, D)
+    weights, head_norms, norms = [], [], []
+    for layer in model.decoder_layers:
+        y, _ = layer.self_sublayer(y, lambda h, layer=layer: layer.self_attn(h, causal=True))
+        cross = decompose(layer.cross_sublayer, layer.cross_attn, y, memory, key_mask=src_mask)
+        y, _ = layer.ff_sublayer(cross.output, lambda h, layer=layer: (layer.feed_forward(h), None))
+        weights.append(cross.weights)
+        head_norms.append(cross.head_norms)
+        norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
+    return Contributions(weights, head_norms, norms, [], memory.new_zeros(0), memory, model.decoder_norm(y))
 
 
 def reading(found: Contributions, method: str, layer: int) -> Tensor:

@@ -114,3 +114,18 @@ def test_alti_shares_on_hand_made_vectors():
     shares = alti_shares(parts)[0, 0]
     # ||y||_1 = 4; distances 3, 4, 1 -> scores 1, 0, 3 -> shares 1/4, 0, 3/4
     torch.testing.assert_close(shares, torch.tensor([0.25, 0.0, 0.75]))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cross_only_pass_reads_what_the_full_pass_reads(kind):
+    """contributions(alti=False), what `qkv align --method norm` runs: the model's own passes with only the
+    cross blocks decomposed give the full pass's weights, head norms, norms and outputs, and no ALTI."""
+    model = model_of(kind)
+    src, tgt = batch(model.config.pad_id)
+    full, light = contributions(model, src, tgt), contributions(model, src, tgt, alti=False)
+    for name in ("weights", "head_norms", "norms"):
+        for a, b in zip(getattr(full, name), getattr(light, name), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    torch.testing.assert_close(full.hidden, light.hidden, atol=1e-10, rtol=0)
+    torch.testing.assert_close(full.memory, light.memory, atol=1e-10, rtol=0)
+    assert light.alti == [] and light.encoder_alti.numel() == 0
