@@ -400,7 +400,7 @@ def targets(rows: list[dict]) -> list[dict]:
         entry = {"target": name, "goal": goal}
         for table in ("same", "own"):
             a, b = by.get((table, *num)), by.get((table, *den))
-            if table == "same" and (num[1].endswith(OWN_ONLY) or den[1].endswith(OWN_ONLY)):
+            if table == "same" and (num[1].endswith(OWN_ONLY) or den[1].endswith(OWN_ONLY) or num[0] == "qkv+ct2"):
                 entry[table] = {"available": False, "reason": "own settings only"}
                 continue
             if a is None or b is None:

@@ -27,7 +27,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.infer.search import DecodeConfig, Hypothesis
 from qkv.infer.translator import Translator
-from qkv.interop.ctranslate2 import _import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
+from qkv.interop.ctranslate2 import import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
 from qkv.io import checkpoint
 from qkv.io.manifest import MANIFEST
 
@@ -82,7 +82,7 @@ class CTranslate2Translator(Translator):
             raise QkvError("--engine ctranslate2 searches for the best translation: not with --sampling or --n-best")
         if self.shortlist is not None or self.workers > 1:
             raise QkvError("--engine ctranslate2 runs with its own threads: not with --shortlist or --workers")
-        ct2 = _import_ctranslate2()
+        ct2 = import_ctranslate2()
         supported = ct2.get_supported_compute_types("cpu")
         if compute_type not in supported:
             raise QkvError(f"CTranslate2 on this CPU computes in {', '.join(sorted(supported))}, not {compute_type}")
@@ -110,7 +110,7 @@ class CTranslate2Translator(Translator):
         ours = [h[0].tokens for h in Translator(self.model, self.tokenizer, greedy).translate_ids(sample)]
         engine = self.engine  # the export is checked in float32, as qkv computes (int8 is an approximation of it)
         if self.compute_type != "float32":
-            engine = _import_ctranslate2().Translator(str(self.ct2_dir), device="cpu", intra_threads=self.threads)
+            engine = import_ctranslate2().Translator(str(self.ct2_dir), device="cpu", intra_threads=self.threads)
         theirs = ct2_translate_ids(engine, self.tokenizer, sample, greedy, max_len=self.model.config.max_len)
         same = sum(a == b for a, b in zip(ours, theirs))
         self.log(f"parity: {same} of {len(sample)} sentences translated the same by qkv and CTranslate2 (greedy)")

@@ -43,7 +43,7 @@ from qkv.data.tokenizer import Tokenizer
 _NO_EARLY_EXIT_PENALTY = 1e-6
 
 
-def _import_ctranslate2():
+def import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
@@ -53,7 +53,7 @@ def _import_ctranslate2():
 
 def ctranslate2_spec(model: Transformer, tokenizer: Tokenizer):
     """A validated ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights and vocabulary."""
-    _import_ctranslate2()
+    import_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.config
@@ -309,7 +309,7 @@ def parity_check(
     length_penalty_alpha: float = 0.6, threads: int = 0,
 ) -> ParityReport:
     """Translate ``sources`` with qkv and with the exported CTranslate2 model; count identical outputs."""
-    ct2 = _import_ctranslate2()
+    ct2 = import_ctranslate2()
     from qkv.infer.translator import Translator
 
     loaded = checkpoint.load(checkpoint_dir)

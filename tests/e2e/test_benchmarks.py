@@ -10,10 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from qkv.model.bf16 import bf16_native
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = {("qkv", "float32"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8")}
-OWN_ONLY = {("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap")}
+BF16 = {("qkv", "bfloat16")} if bf16_native(torch.device("cpu")) else set()  # qkv translate --bf16, where the CPU has it
+OWN_ONLY = {("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"),
+            ("qkv+ct2", "float32"), ("qkv+ct2", "int8")}
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
     assert c["missing"] == {} and c["repeats"] == 2 and c["sentences"] == 24
     assert c["same_batches"] == 3 and c["same_batch_sentences"] == 8  # 24 sentences in batches of 8
     cells = {(r["table"], r["engine"], r["compute"], r["beam"]) for r in c["rows"]}
-    assert cells == {(t, e, p, b) for t in ("same", "own") for e, p in ENGINES for b in (1, 5)} | \
+    assert cells == {(t, e, p, b) for t in ("same", "own") for e, p in ENGINES | BF16 for b in (1, 5)} | \
         {("own", e, p, b) for e, p in OWN_ONLY for b in (1, 5)}
     assert c["shortlist"]["pairs"] == 29_000  # built on the Multi30k training pairs
     for r in c["rows"]:
@@ -65,15 +70,23 @@ def test_smoke_run_writes_the_translation_and_scaling_tables(random_checkpoint, 
             assert "tokens per batch" in r["settings"]
     chosen = {(x["engine"], x["beam"], x["compute"]) for x in c["own_choices"]}
     assert chosen == {(e, b, p) for e in ("qkv", "ctranslate2") for b in (1, 5) for p in ("float32", "int8")} | \
-        {(e, b, p) for e, p in OWN_ONLY for b in (1, 5)}
+        {(e, b, p) for e, p in OWN_ONLY | BF16 for b in (1, 5) if e != "qkv+ct2"}  # --engine ctranslate2 has no choice
     targets = {t["target"]: t for t in c["targets"]}
     assert list(targets) == ["beam 5: qkv fp32 / CTranslate2 fp32", "beam 5: qkv int8 / CTranslate2 int8",
                              "beam 5: qkv fp32+shortlist / CTranslate2 int8+vmap", "beam 5: qkv int8+shortlist / CTranslate2 int8+vmap",
-                             "greedy: qkv fp32 / CTranslate2 fp32", "beam 5: qkv fp32 / Hugging Face generate"]
+                             "greedy: qkv fp32 / CTranslate2 fp32",
+                             "beam 5: qkv bf16 / CTranslate2 fp32", "beam 5: qkv bf16 / CTranslate2 int8",
+                             "greedy: qkv bf16 / CTranslate2 fp32",
+                             "beam 5: qkv --engine ctranslate2 / CTranslate2 fp32",
+                             "beam 5: qkv --engine ctranslate2 --int8 / CTranslate2 int8",
+                             "greedy: qkv --engine ctranslate2 / CTranslate2 fp32",
+                             "beam 5: qkv fp32 / Hugging Face generate"]
     for name, t in targets.items():
         for table in ("same", "own"):
             cell = t[table]
-            if table == "same" and "shortlist" in name:
+            if "bf16" in name and not BF16:
+                continue
+            if table == "same" and ("shortlist" in name or "--engine" in name):
                 assert cell == {"available": False, "reason": "own settings only"}
                 continue
             assert cell["available"] and cell["low"] <= cell["ratio"] <= cell["high"]
