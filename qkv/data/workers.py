@@ -120,11 +120,18 @@ class Workers:
         self._futures = []
 
     def _end_now(self) -> None:
-        for future in self._futures:
-            future.cancel()
+        # No future is cancelled here: the pool, broken once its workers are gone, fails the ones left
+        # (and a cancelled one would make it raise InvalidStateError in its manager thread).
         processes = list((getattr(self._pool, "_processes", None) or {}).values())  # as 3.14's terminate_workers()
         for process in processes:
             process.terminate()  # SIGTERM: the worker ignores only SIGINT
-        self._pool.shutdown(wait=True, cancel_futures=True)
         for process in processes:
             process.join()
+        # A worker ended while writing its result leaves half a message in the result pipe, and the pool's
+        # manager thread waits for the rest forever (shutdown then never returns). With every worker gone,
+        # closing this process's own end of that pipe turns the wait into an end of file: the pool sees
+        # itself broken and cleans up (concurrent.futures' terminate_broken).
+        writer = getattr(getattr(self._pool, "_result_queue", None), "_writer", None)
+        if writer is not None:
+            writer.close()
+        self._pool.shutdown(wait=True, cancel_futures=True)
