@@ -203,3 +203,11 @@ def throwaway_trainer(model_cfg, train_cfg, data_cfg, *, tokenizer: Path | None 
 
 if __name__ == "__main__":
     print(json.dumps(main(json.loads(sys.argv[1]))))
+
+
+def write_results(out: str | Path, result: dict, markdown: Callable[[dict], str]) -> None:
+    """``OUT.json`` (the numbers) and ``OUT.md`` (``markdown(result)``) beside each other."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(markdown(result) + "\n", encoding="utf-8")

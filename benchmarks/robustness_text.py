@@ -24,7 +24,6 @@ settings and joined by spaces, scored against the same joined references.
 from __future__ import annotations
 
 import argparse
-import json
 import string
 import time
 from dataclasses import replace
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.probe import write_results
 from benchmarks.trust_inputs import KINDS, make
 from qkv.data.corpus import load_multi30k
 from qkv.data.sentences import TextOptions
@@ -161,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                     text=TextOptions(split=src if split else None, recase=recase))
             result["test2016"][name] = round(score(translator.translate(test.src), test.tgt)["bleu"], 2)
             log(f"test2016 {name}: BLEU {result['test2016'][name]}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    out.with_suffix(".md").write_text(markdown(result) + "\n", encoding="utf-8")
+    write_results(args.out, result, markdown)
     return 0
 
 

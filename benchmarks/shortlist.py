@@ -16,14 +16,13 @@ translated exactly and with the defaults (``DEFAULT_K``, ``DEFAULT_FREQUENT``) o
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.probe import check_load
+from benchmarks.probe import check_load, write_results
 from qkv.data.corpus import load_multi30k
 from qkv.infer import shortlist
 from qkv.infer.bleu import score
@@ -91,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"checkpoint": str(loaded.path), "threads": args.threads, "repeats": args.repeats,
               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
               "defaults": {"k": shortlist.DEFAULT_K, "frequent": shortlist.DEFAULT_FREQUENT}, "rows": rows}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    out.with_suffix(".md").write_text(markdown(result) + "\n", encoding="utf-8")
+    write_results(args.out, result, markdown)
     return 0
 
 
