@@ -115,17 +115,24 @@ class CTranslate2Translator(Translator):
         same = sum(a == b for a, b in zip(ours, theirs))
         self.log(f"parity: {same} of {len(sample)} sentences translated the same by qkv and CTranslate2 (greedy)")
         if same < PARITY_MIN * len(sample):
-            import shutil
+            if self._unchecked_in_cache():  # qkv's own export only: a directory the caller gave is left alone
+                import shutil
 
-            shutil.rmtree(self.ct2_dir, ignore_errors=True)
+                shutil.rmtree(self.ct2_dir, ignore_errors=True)
             self.parity["failed"] = (f"CTranslate2's export translated only {same} of {len(sample)} sentences as qkv does: "
                                      "not using it (qkv export --check shows the differences)")
             raise QkvError(self.parity["failed"])
         self.parity["pending"] = False
-        if self.ct2_dir.name.endswith(UNCHECKED):  # checked: the export is the checkpoint's from now on
+        if self._unchecked_in_cache():  # checked: the export is the checkpoint's from now on
             checked = self.ct2_dir.with_name(self.ct2_dir.name.removesuffix(UNCHECKED))
             try:
                 os.replace(self.ct2_dir, checked)
                 self.ct2_dir = checked
             except OSError:  # another process put its checked export there first
                 pass
+
+    def _unchecked_in_cache(self) -> bool:
+        """Whether ``ct2_dir`` is an export ``ensure_export`` made and has not checked yet: the only
+        directory this class renames or removes."""
+        d = self.ct2_dir
+        return d.parent == cache_root() and d.name.endswith(UNCHECKED) and is_export_dir(d)
