@@ -172,14 +172,16 @@ def precision_label(args: argparse.Namespace, model) -> str:
         return f", {args.engine}" + (" int8" if args.int8 else "")
     if getattr(args, "int8", False):
         return ", int8"
-    return ", bfloat16" if str(next(model.parameters()).dtype) == "torch.bfloat16" else ""
+    import torch
+
+    return ", bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else ""
 
 
 def decoding_dtype(args: argparse.Namespace, device):
     """``--bf16``'s dtype on this device (a note on stderr where it falls back to float32)."""
     from qkv.model.bf16 import decoding_dtype as choose
 
-    dtype, note = choose(device, True if args.bf16 else False)
+    dtype, note = choose(device, args.bf16)
     if note:
         print(note, file=sys.stderr)
     return dtype
