@@ -71,9 +71,10 @@ ATTENTION_WEIGHTS_PER_UNIT = 1000
 # attention block's output as one vector per input (qkv.inspect.contributions), layers x queries x
 # keys x d_model elements, and each text costs CONTRIBUTION_TEXT_WORK more for its bookkeeping.
 # Timed on one thread on the Multi30k preset's model (d_model 128) against greedy steps in batches of
-# 32, the confidence of one text of 19, 73 and 217 tokens took 86, 192 and 772 units; charged as below
-# (with the source and output tokens), 128, 1,194 and 9,509: on the dear side, and in step with the
-# pass's matrix-product FLOPs (tests/e2e/test_server_decoding.py).
+# 32, the confidence of one text of 19, 73 and 217 tokens (translated into as many) took 86, 192 and
+# 772 units; its decomposition alone is charged as below 91, 1,048 and 9,075 (the search's output
+# limit, not the translation's length, makes the charge larger still): on the dear side, and in step
+# with the pass's matrix-product FLOPs (tests/e2e/test_server_decoding.py).
 CONTRIBUTION_ELEMENTS_PER_UNIT = 8_000
 CONTRIBUTION_TEXT_WORK = 20
 
