@@ -35,6 +35,8 @@ _LAZY = {  # name -> module, imported when the name is first used
     "DataConfig": "qkv.train.recipes",
     "load_checkpoint": "qkv.io.checkpoint",
     "build_configs": "qkv.train.recipes",
+    "Glossary": "qkv.infer.glossary",
+    "translate_with_glossary": "qkv.infer.terms",
 }
 
 __all__ = ["ModelConfig", "MultiHeadAttention", "Transformer", "model_preset", "scaled_dot_product_attention", *_LAZY]

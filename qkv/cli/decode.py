@@ -8,6 +8,7 @@ import sys
 from qkv.errors import QkvError
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
+from qkv.cli.glossary import glossary_args, glossary_writer, load_glossary, placed, term_summary
 from qkv.cli.common import (
     decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, precision_label, loop_guard_args, shortlist_arg,
     engine_arg, text_args, text_options, translator_of, workers_arg, command,
@@ -34,6 +35,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="TRACE", help="also write the beam search of the --input file's first line, step by step: TRACE.png, .html, .json")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
     confidence_arg(p, "after each translation, whether to trust it")
+    glossary_args(p, report=True)
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
@@ -56,6 +58,9 @@ def translate(args: argparse.Namespace) -> int:
         check_output(path, force=args.force, inputs=(args.input,), reads=reads)
     if args.confidence and (args.n_best > 1 or args.sampling):
         raise QkvError("--confidence judges the one translation of each line: not with --n-best or --sampling")
+    glossary = load_glossary(args)
+    if glossary is not None and args.confidence and args.glossary_report:
+        raise QkvError("--glossary-report and --confidence each write a line of their own: choose one")
     model, tokenizer = decoding_model(args)
     translator = translator_of(args, model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                                workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
@@ -74,7 +79,8 @@ def translate(args: argparse.Namespace) -> int:
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,), reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
-        translate_stream(translator, source, sink, name=name, n_best=args.n_best, annotate=annotate)
+        write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
+        translate_stream(translator, source, sink, name=name, n_best=args.n_best, annotate=annotate, write=write)
     return 0
 
 
@@ -97,6 +103,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", action="store_true",
                    help="also judge every translation (qkv translate --confidence): print how the confidence ranks "
                         "the sentences as their chrF does (Spearman) and list the flagged lines")
+    glossary_args(p, report=False)
 
 
 @command("evaluate", "translate a test set and score it with sacreBLEU (BLEU, lowercased BLEU, chrF)", _evaluate_args)
@@ -120,6 +127,7 @@ def evaluate(args: argparse.Namespace) -> int:
         check_test_files(config, args.checkpoint[0], args.src_file, args.ref_file)
     else:
         src, tgt = multi30k_pair(config, args.checkpoint[0], split=args.split)
+    glossary = load_glossary(args)
     model, tokenizer = decoding_model(args)
     if args.src_file:
         corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
@@ -131,7 +139,13 @@ def evaluate(args: argparse.Namespace) -> int:
     shortlist = decoding_shortlist(args, model)
     with translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
                        shortlist=shortlist, text=text_options(args)) as translator:
-        hypotheses = translator.translate(corpus.src)
+        if glossary is None:
+            hypotheses = translator.translate(corpus.src)
+        else:
+            from qkv.infer.terms import translate_with_glossary
+
+            results = translate_with_glossary(translator, corpus.src, glossary, always=args.glossary_always)
+            hypotheses = [r.text for r in results]
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads) as handle:
@@ -140,6 +154,9 @@ def evaluate(args: argparse.Namespace) -> int:
     workers = f", {args.workers} workers" if args.workers > 1 else ""
     print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{precision_label(args, model)}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
+    if glossary is not None:
+        placed(args, model, tokenizer, results)
+        print(term_summary(results))
     if args.confidence:
         print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses)
     return 0

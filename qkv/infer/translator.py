@@ -223,23 +223,26 @@ STREAM_LINES = 1024
 
 
 def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1, lines: int | None = None,
-                     annotate: Callable[[list[str], list[str]], list[str]] | None = None) -> None:
+                     annotate: Callable[[list[str], list[str]], list[str]] | None = None,
+                     write: Callable[[list[str]], list[str]] | None = None) -> None:
     """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
 
     Interactive input is answered line by line; files and pipes are translated ``lines`` (default
     ``STREAM_LINES``, 1,024) lines at a time. With ``n_best`` > 1 each line holds the N best,
     tab-separated with their scores. ``annotate``: given the sources and their translations, the output
     lines to write instead of the translations (``qkv translate --confidence``; with ``n_best`` 1).
+    ``write``: given the input lines, the output lines, one each, in place of the translator's own
+    (``qkv translate --glossary``).
     """
     chunk = 1 if getattr(source, "isatty", lambda: False)() else lines or STREAM_LINES
     buffer: list[str] = []
     for line in input_lines(source, name):
         buffer.append(line)
         if len(buffer) >= chunk:
-            _write_translations(translator, buffer, sink, n_best, annotate)
+            _write_translations(translator, buffer, sink, n_best, annotate, write)
             buffer = []
     if buffer:
-        _write_translations(translator, buffer, sink, n_best, annotate)
+        _write_translations(translator, buffer, sink, n_best, annotate, write)
 
 
 def input_lines(source, name: str) -> Iterator[str]:
@@ -258,7 +261,11 @@ def input_lines(source, name: str) -> Iterator[str]:
         yield line.removesuffix("\n").removesuffix("\r")
 
 
-def _write_translations(translator: Translator, lines: list[str], sink, n_best: int, annotate=None) -> None:
+def _write_translations(translator: Translator, lines: list[str], sink, n_best: int, annotate=None, write=None) -> None:
+    if write is not None:
+        sink.writelines(line + "\n" for line in write(lines))
+        sink.flush()
+        return
     results = translator.translate_nbest(lines)
     if annotate is not None:
         firsts = [" ".join(nbest[0].text.splitlines()) for nbest in results]

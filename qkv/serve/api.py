@@ -11,9 +11,12 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
 
 from qkv.errors import QkvError
+from qkv.infer.glossary import MAX_TERM_CHARS, Glossary
 from qkv.serve.batcher import Settings
 
 MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.common.MAX_BEAM (64)
+MAX_GLOSSARY_TERMS = 1000  # entries of a request's glossary
+MAX_TERM_FORMS = 16  # target forms of one entry
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}  # options that only sampling reads
 
 
@@ -47,6 +50,20 @@ class TrustOut(BaseModel):
     words: list[WordOut] = Field(description="each target word, with its marks")
 
 
+class TermOut(BaseModel):
+    source: str = Field(description="the term as it stands in the text")
+    source_words: list[int] = Field(description="0-based indices of the text's whitespace-separated words it covers")
+    asked: str = Field(description="the target form the glossary asks for (its entry's first)")
+    accepted: list[str] = Field(description="every target form the entry accepts")
+    found: str | None = Field(description="the form that stands in the translation (null: missing)")
+    target_words: list[int] = Field(description="0-based indices of the translation's words it covers")
+    aligned_to: list[int] | None = Field(description="the source words those words align to (value norms, middle decoder layer)")
+    placed: bool | None = Field(description="whether they include the term's own source words")
+    constrained: bool = Field(description="whether the constrained search made this translation (its first search missed a term)")
+    unplaceable: bool = Field(description="whether the constrained search found no output with every term within its "
+                              "length limit (the first translation is kept, its missing terms null)")
+
+
 class Candidate(BaseModel):
     translation: str
     score: float = Field(
@@ -63,6 +80,9 @@ class TranslateResponse(BaseModel):
     attention: list[AttentionOut] | None = Field(None, description="only when the request asked for attention")
     confidence: list[TrustOut] | None = Field(
         None, description="only when the request asked for confidence: whether to trust each translation"
+    )
+    terms: list[list[TermOut]] | None = Field(
+        None, description="only when the request has a glossary: for each text, each term it asked for and where it went"
     )
 
 
@@ -98,6 +118,8 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
     TopK = _whole_number_between(0, vocab_size)
     TopP = Annotated[float, Strict(), Field(gt=0, le=1, allow_inf_nan=False)]
     Seed = _whole_number_between(0, 2**53 - 1)  # the integers JavaScript holds exactly
+    TermText = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=MAX_TERM_CHARS)]
+    Entry = Annotated[list[TermText], Field(min_length=2, max_length=MAX_TERM_FORMS)]
 
     class TranslateRequest(BaseModel):
         model_config = ConfigDict(
@@ -107,6 +129,7 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
                     {"texts": ["A man rides a bike."], "beam_size": 5},
                     {"texts": ["A man rides a bike."], "beam_size": 5, "n_best": 3},
                     {"texts": ["A man rides a bike."], "confidence": True},
+                    {"texts": ["A man rides a bike."], "glossary": [["bike", "Fahrrad"]]},
                     {"texts": ["A man rides a bike."], "sampling": True, "top_p": 0.9, "seed": 1},
                 ],
                 # What settings_of checks, for readers of the schema (and fuzzers): sampling takes beam
@@ -144,6 +167,13 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
             False, description="translate a sentence in capitals or in Title Case as it is (default: in sentence "
             "case, and the translation of one in capitals written back in capitals); as split, not with n_best, "
             "attention, confidence or max_length"
+        )
+        glossary: list[Entry] | None = Field(
+            None, max_length=MAX_GLOSSARY_TERMS,
+            description=f"terms every translation must use: at most {MAX_GLOSSARY_TERMS} entries [source term, target "
+            f"term, further accepted forms...] (2 to {MAX_TERM_FORMS} strings of 1 to {MAX_TERM_CHARS} characters; "
+            "docs/glossary.md); the answer's terms say where each went. Each text is one sentence, as with n_best; "
+            "not with n_best or sampling",
         )
         sampling: StrictBool = Field(
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"
@@ -201,11 +231,19 @@ def settings_of(body: BaseModel) -> Settings:
                 raise InvalidOptions(name, f"{name} applies only to sampling: send it with \"sampling\": true, or leave it out")
         options = {}
     beam_size = 1 if body.sampling else body.beam_size
+    glossary = None
+    if body.glossary is not None:
+        if body.sampling or body.n_best is not None:
+            raise InvalidOptions("glossary", "a glossary puts its terms into the one translation of each text: not with n_best or sampling")
+        try:
+            glossary = Glossary.from_pairs(body.glossary)
+        except QkvError as error:
+            raise InvalidOptions("glossary", str(error)) from None
     if body.n_best is not None and body.n_best > beam_size:
         if body.sampling:
             raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be 1: sampling draws one translation per text")
         raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be at most beam_size ({beam_size})")
     return Settings(
         beam_size=beam_size, max_length=body.max_length, sampling=body.sampling, n_best=body.n_best,
-        attention=body.attention, confidence=body.confidence, **options,
+        attention=body.attention, confidence=body.confidence, glossary=glossary, **options,
     )

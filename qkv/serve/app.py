@@ -317,7 +317,7 @@ def create_app(
             return _unprocessable(field, "not_on_this_engine",
                                   f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
-        whole = body.n_best is not None or body.attention or body.confidence or body.max_length is not None
+        whole = body.n_best is not None or body.attention or body.confidence or body.max_length is not None or body.glossary is not None
         if (body.split or not body.keep_case) and not whole:
             options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)
             lines = [prepare_line(text, options) for text in body.texts]
@@ -330,7 +330,7 @@ def create_app(
                 f"tokens, summed over texts); this server's limit is {max_weights} (--max-attention-weights): "
                 "send fewer or shorter texts, or a max_length"
             ))
-        parts = batcher.work_parts(src_ids, settings)
+        parts = batcher.work_parts(src_ids, settings, texts)
         work = parts.total
         if work > max_work:
             return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))

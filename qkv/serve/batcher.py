@@ -39,6 +39,9 @@ import torch
 from torch import Tensor
 
 from qkv.data.sentences import Line
+from qkv.infer.glossary import Glossary
+from qkv.infer.terms import CONSTRAINED_BEAM, constraint_forms, translate_with_glossary
+from qkv.inspect.terms import place
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
@@ -93,6 +96,7 @@ class Settings:
     n_best: int | None = None  # None: the answer has no n-best lists (and no scores)
     attention: bool = False
     confidence: bool = False
+    glossary: Glossary | None = None  # compared by identity: a request with a glossary shares its batch with no other
 
     def search(self) -> Settings:
         """Without what changes only the answer: requests with equal searches share a batch."""
@@ -254,18 +258,28 @@ class Batcher:
         """The units of work of a request (``work_parts``), in all."""
         return self.work_parts(src_ids, settings).total
 
-    def work_parts(self, src_ids: list[list[int]], settings: Settings) -> Work:
+    def work_parts(self, src_ids: list[list[int]], settings: Settings, texts: list[str] | None = None) -> Work:
         """What the server computes for these sources (module docstring), summed over texts: S source
-        tokens (EOS included) and at most T output tokens each."""
+        tokens (EOS included) and at most T output tokens each. With a glossary (``texts`` then given,
+        one per source), a text that holds terms may be searched again with constraints (at the
+        constrained beam, over its limit lengthened by its terms' longest forms) and is read once more
+        for the alignment check."""
         per_token = settings.work_per_token()
-        extra = settings.attention + settings.confidence  # teacher-forced passes with contributions
-        passes = 1 + settings.scored_apart + extra  # of the encoder over each source
-        source = output = weights = elements = texts = 0
         c = self.model.config
-        for ids, n in zip(src_ids, self.output_limits(src_ids, settings)):
+        source = output = weights = elements = n_texts = 0
+        for i, (ids, n) in enumerate(zip(src_ids, self.output_limits(src_ids, settings))):
             if not ids:  # not searched (and its attention is made up, not computed)
                 output += 1
                 continue
+            extra = settings.attention + settings.confidence  # teacher-forced passes with contributions
+            passes = 1 + settings.scored_apart + extra  # of the encoder over each source
+            if settings.glossary is not None and texts is not None and (matches := settings.glossary.matches(texts[i])):
+                beam = max(CONSTRAINED_BEAM, settings.beam_size, len(matches) + 1)
+                longest = sum(max(len(self.tokenizer.encode_target(f)) for f in constraint_forms(m.term)) for m in matches)
+                output += beam * (n + longest)
+                n += longest  # the translation may be that much longer: its other passes read as much more
+                passes += 2  # the constrained search's encoder, and the alignment check's pass
+                extra += 1
             S = len(ids) + 1
             source += SOURCE_TOKEN_WORK * S * passes
             output += per_token * n
@@ -274,9 +288,9 @@ class Batcher:
                 weights += c.n_heads * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * S))
             output += T * extra
             elements += extra * c.d_model * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * (S + 1)))
-            texts += extra
+            n_texts += extra
         return Work(source, output, -(-weights // ATTENTION_WEIGHTS_PER_UNIT),
-                    CONTRIBUTION_TEXT_WORK * texts + -(-elements // CONTRIBUTION_ELEMENTS_PER_UNIT))
+                    CONTRIBUTION_TEXT_WORK * n_texts + -(-elements // CONTRIBUTION_ELEMENTS_PER_UNIT))
 
     def attention_weights(self, src_ids: list[list[int]], settings: Settings) -> int:
         """The most cross-attention weights the answer can hold: layers x heads x T x S, summed over texts."""
@@ -429,6 +443,14 @@ class Batcher:
         config = replace(search.decode_config(n_best=max(job.settings.n_best or 1 for job in jobs)), length_penalty=self.length_penalty,
                          loop_guard=self.loop_guard)
         translator = self.make_translator(config, max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences)
+        if search.glossary is not None:  # its own group: the glossary's translation, then where each term went
+            out = []
+            for job in jobs:
+                results = translate_with_glossary(translator, job.texts, search.glossary)
+                place(self.model, self.tokenizer, results)
+                hyps = [[Hypothesis(r.sentences[0].tokens, math.nan, math.nan)] for r in results]
+                out.append(self._answer(job, hyps, config, terms=[r.terms() for r in results]))
+            return out
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
         out, start = [], 0
         for job in jobs:
@@ -436,8 +458,9 @@ class Batcher:
             out.append(self._answer(job, mine, config) if not job.abandoned else b"")
         return out
 
-    def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig) -> bytes:
-        """One request's JSON body from its texts' hypotheses, best first."""
+    def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
+        """One request's JSON body from its texts' hypotheses, best first (and with a glossary, ``terms``:
+        each text's terms, ``GlossaryTranslation.terms``)."""
         translations = [self.tokenizer.decode(h[0].tokens) for h in hyps]
         if job.lines is not None:  # each text's sentences joined back (never with n_best, attention, confidence or max_length)
             at = iter(translations)
@@ -454,6 +477,8 @@ class Batcher:
             trusts = assess(self.model, self.tokenizer, job.texts, translations, calibration=self.calibration,
                             max_tokens=self.max_batch_tokens)
             answer["confidence"] = [t.to_json() for t in trusts]
+        if terms is not None:
+            answer["terms"] = terms
         body = _compact(answer)
         if job.settings.attention:  # the weights of each returned translation, one sentence at a time
             captures = []

@@ -197,6 +197,12 @@ BAD_REQUESTS = {
     "body a list": (["a"], ["body"]),
     "invalid JSON": (b'{"texts": [', ["body", 11]),
     "lone surrogate": (b'{"texts": ["\\ud800"]}', ["body", "texts", 0]),
+    "glossary entry without a target": ({"texts": ["a"], "glossary": [["dog"]]}, ["body", "glossary", 0]),
+    "glossary term empty": ({"texts": ["a"], "glossary": [["dog", ""]]}, ["body", "glossary", 0, 1]),
+    "glossary term as number": ({"texts": ["a"], "glossary": [["dog", 3]]}, ["body", "glossary", 0, 1]),
+    "glossary too long": ({"texts": ["a"], "glossary": [[f"w{i}", "x"] for i in range(1001)]}, ["body", "glossary"]),
+    "glossary term listed twice": ({"texts": ["a"], "glossary": [["dog", "Hund"], ["Dog", "Hunde"]]}, ["body", "glossary"]),
+    "glossary with n_best": ({"texts": ["a"], "glossary": [["dog", "Hund"]], "n_best": 1}, ["body", "glossary"]),
 }
 
 

@@ -1,0 +1,205 @@
+"""Translating with a glossary: search as usual, check every term, search again with constraints
+where a term is missing.
+
+For each sentence, the glossary's terms are found in the source (``Glossary.matches``); the sentence
+is translated by the translator as it would be without a glossary, and its translation checked: each
+term found in the source must stand in it (one of its forms, as often as the source has the term).
+Only a sentence that fails the check is searched again, by ``constrained_beam_search``, which places
+every term; ``always=True`` searches every sentence with terms that way. A sentence without terms is
+translated exactly as without the glossary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from qkv.data.sentences import AS_IS, Line, prepare_line
+from qkv.infer.constrained import constrained_beam_search
+from qkv.infer.glossary import Glossary, Term, TermMatch, missing, word_indices
+from qkv.infer.search import loops
+from qkv.infer.translator import Translator, collate_sources, length_batches, suppressed_tokens
+
+# Beams of the constrained search (at least one more than the sentence has terms): Post and Vilar's
+# dynamic beam allocation shares them among the banks of hypotheses that have placed 0, 1, ... terms.
+# Chosen on Multi30k val (benchmarks/glossary.py, first 200 sentences of its exact-form term set, the
+# 45-minute En->De model): beam 5 left 19 of the terms unplaced (7 sentences found no output with all
+# of theirs), 10 and 20 none; 10 took 0.6x the time of 20.
+CONSTRAINED_BEAM = 10
+CONSTRAINED_BATCH = 32  # sentences searched together by the constrained search
+
+
+@dataclass
+class TermUse:
+    """One term asked for in one source sentence, and what became of it. Word indices are 0-based
+    over the whitespace-separated words of the sentence (``source_words``) and of its translation
+    (``target_words``). ``aligned_to`` and ``placed`` are filled by ``qkv.inspect.terms.place``: the
+    source words the found term's words align to, and whether they include the term's own."""
+
+    term: Term
+    source: str  # the term as it stands in the sentence
+    source_words: tuple[int, ...]
+    found: str | None = None  # the form found in the translation (None: missing)
+    target_words: tuple[int, ...] = ()
+    aligned_to: tuple[int, ...] | None = None
+    placed: bool | None = None
+    writable: bool = True  # False: the model's vocabulary cannot write any of its forms (``writable_forms``)
+
+    def as_dict(self) -> dict:
+        return {
+            "source": self.source, "source_words": list(self.source_words), "asked": self.term.forms[0],
+            "accepted": list(self.term.forms), "found": self.found, "target_words": list(self.target_words),
+            "aligned_to": None if self.aligned_to is None else list(self.aligned_to), "placed": self.placed,
+            "writable": self.writable,
+        }
+
+
+@dataclass
+class SentenceTerms:
+    """One searched sentence: its source, translation, the terms it asked for and whether the
+    constrained search made the translation."""
+
+    source: str
+    translation: str
+    uses: list[TermUse] = field(default_factory=list)
+    constrained: bool = False  # the constrained search made the translation
+    tokens: list[int] = field(default_factory=list)  # the translation's target ids
+    # The constrained search ran but found no output with every term within its length limit: the
+    # first translation is kept (its missing terms reported), not a worse one with some of them.
+    unplaceable: bool = False
+
+
+@dataclass
+class GlossaryTranslation:
+    """One input line translated with a glossary: the ``text`` written out, and its sentences (one,
+    unless the translator cuts lines into sentences)."""
+
+    text: str
+    sentences: list[SentenceTerms]
+
+    @property
+    def missing(self) -> int:
+        return sum(u.found is None for s in self.sentences for u in s.uses)
+
+    def terms(self) -> list[dict]:
+        """Each term asked for, as JSON: ``TermUse.as_dict``, whether the constrained search made its
+        sentence's translation, and (where the line was cut into sentences) its sentence's index."""
+        split = len(self.sentences) > 1
+        terms = []
+        for i, s in enumerate(self.sentences):
+            for use in s.uses:
+                entry = use.as_dict() | {"constrained": s.constrained, "unplaceable": s.unplaceable}
+                terms.append(entry | {"sentence": i} if split else entry)
+        return terms
+
+    def as_dict(self) -> dict:
+        return {"translation": self.text, "terms": self.terms()}
+
+
+def constraint_forms(term: Term) -> list[str]:
+    """The forms a constrained search may write for ``term``: its own, and those starting in lower case
+    also with a capital first letter (a sentence's first word), as the check accepts them."""
+    forms = list(term.forms)
+    forms += [f[:1].upper() + f[1:] for f in term.forms if f[:1].islower()]
+    return list(dict.fromkeys(forms))
+
+
+_JOINS: dict[int, frozenset[int]] = {}
+
+
+def word_continuations(tokenizer) -> frozenset[int]:
+    """The target ids whose pieces continue the word before them (no leading "▁", a letter or digit
+    first): after a term's last piece, one of these would make the term part of a longer word."""
+    key = id(tokenizer)
+    if key not in _JOINS:
+        pieces = tokenizer.pieces(list(range(tokenizer.vocab_size)))
+        _JOINS[key] = frozenset(i for i, p in enumerate(pieces) if p and not p.startswith("\u2581") and p[0].isalnum())
+    return _JOINS[key]
+
+
+def _constrained(translator: Translator, src_ids: list[list[int]], constraints, joins, config) -> list:
+    tok, model = translator.tokenizer, translator.model
+    src = collate_sources(src_ids, pad_id=tok.pad_id, eos_id=tok.eos_id).to(model.device)
+    return constrained_beam_search(model, src, constraints, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config, joins=joins,
+                                   suppress=suppressed_tokens(tok), beam_size=max(CONSTRAINED_BEAM, config.beam_size))
+
+
+def writable_forms(tokenizer, term: Term) -> list[list[int]]:
+    """The target ids of each of ``term``'s forms (``constraint_forms``) that the model can write: its
+    pieces decode back to the form (no unknown piece, no character the vocabulary lacks) and it starts a word."""
+    out = []
+    for form in constraint_forms(term):
+        ids = tokenizer.encode_target(form)
+        if ids and tokenizer.unk_id not in ids and ids[0] not in word_continuations(tokenizer) and tokenizer.decode(ids) == form:
+            out.append(ids)
+    return out
+
+
+def term_uses(glossary: Glossary, matches: list[TermMatch], sentence: str, translation: str) -> list[TermUse]:
+    """Each match with the form that answers it in ``translation``: the k-th time a term stands in the
+    source is answered by the k-th place one of its forms stands in the translation."""
+    hits = {m.term: glossary.found(m.term, translation) for m in matches}
+    seen: dict[Term, int] = {}
+    uses = []
+    for m in matches:
+        k = seen[m.term] = seen.get(m.term, -1) + 1
+        use = TermUse(m.term, sentence[m.start : m.end], m.words)
+        if k < len(hits[m.term]):
+            form, start, end = hits[m.term][k]
+            use.found, use.target_words = translation[start:end], word_indices(translation, start, end)
+        uses.append(use)
+    return uses
+
+
+def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary], *,
+                            always: bool = False) -> list[GlossaryTranslation]:
+    """``texts`` translated by ``translator`` with every term of ``glossary`` its sources hold (module
+    docstring); the unconstrained pass is the translator's own (its batches, workers and engine).
+    ``glossary``: one for all texts, or a list of one per text."""
+    tok, model = translator.tokenizer, translator.model
+    glossaries = glossary if isinstance(glossary, list) else [glossary] * len(texts)
+    if len(glossaries) != len(texts):
+        raise ValueError(f"{len(texts)} texts but {len(glossaries)} glossaries")
+    lines = [prepare_line(t, translator.text) if translator.text else Line([t], [], [AS_IS]) for t in texts]
+    sentences = [s for line in lines for s in line.sentences]
+    owners = [g for line, g in zip(lines, glossaries) for _ in line.sentences]
+    src_ids = [translator.encode(s) for s in sentences]
+    hyps = translator.translate_ids(src_ids)
+    tokens = [h[0].tokens for h in hyps]
+    matches = [g.matches(s) if ids else [] for g, s, ids in zip(owners, sentences, src_ids)]
+    again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
+             if m and (always or missing(g, m, tok.decode(t)))]
+    known: dict[Term, list[list[int]]] = {}
+    forms_of = lambda term: known[term] if term in known else known.setdefault(term, writable_forms(tok, term))  # noqa: E731
+    unplaceable = set()
+    order = length_batches([len(src_ids[i]) for i in again], max_tokens=10**9, max_sentences=CONSTRAINED_BATCH)
+    joins = word_continuations(tok)
+    config = translator.config
+    for batch in ([again[j] for j in group] for group in order):
+        constraints = [[forms for m in matches[i] if (forms := forms_of(m.term))] for i in batch]
+        found = _constrained(translator, [src_ids[i] for i in batch], constraints, joins, config)
+        if config.loop_guard:  # as ``search``: an output that loops is searched again with no repeated n-gram
+            loop = [j for j, (i, best) in enumerate(zip(batch, found)) if loops(best.tokens, len(best.tokens) + 1)]
+            if loop:
+                retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
+                for j, best in zip(loop, _constrained(translator, [src_ids[batch[j]] for j in loop],
+                                                      [constraints[j] for j in loop], joins, retry)):
+                    if all(best.met):
+                        found[j] = best
+        for i, best in zip(batch, found):
+            if all(best.met):
+                tokens[i] = best.tokens
+            else:
+                unplaceable.add(i)
+    out = []
+    for i, (sentence, glossary) in enumerate(zip(sentences, owners)):
+        translation = tok.decode(tokens[i])
+        uses = term_uses(glossary, matches[i], sentence, translation)
+        for use in uses:
+            use.writable = bool(forms_of(use.term))
+        out.append(SentenceTerms(sentence, translation, uses, i in again and i not in unplaceable, tokens[i], i in unplaceable))
+    results, start = [], 0
+    for line in lines:
+        mine = out[start : start + len(line.sentences)]
+        start += len(line.sentences)
+        results.append(GlossaryTranslation(line.join([s.translation for s in mine]), mine))
+    return results

@@ -1,0 +1,163 @@
+"""Glossaries end to end: the constrained search places every term on a trained model, a sentence
+without terms translates exactly as without a glossary, and `qkv translate`, `qkv evaluate` and the
+server take a glossary, report where each term went, and refuse a malformed one in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qkv.infer.constrained import constrained_beam_search
+from qkv.infer.glossary import Glossary
+from qkv.infer.search import DecodeConfig
+from qkv.infer.terms import constraint_forms, translate_with_glossary, word_continuations
+from qkv.infer.translator import Translator, collate_sources
+from qkv.io import checkpoint
+from qkv.serve.app import create_app
+
+SOURCES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
+           "A woman with a red umbrella walks past a dog and another dog.", "Children run on the beach."]
+# Terms the 60-step model would not write by itself: the constrained search must place them.
+ENTRIES = ["man\tFeuerwehrmann", "blue shirt\tblaues Oberhemd", "ladder\tLeiter\tLeitern", "umbrella\tRegenschirm",
+           "dog\tHund\tHunde", "red\trot\troten\troter"]
+
+
+def qkv(*args, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], input=stdin, capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run):
+    return checkpoint.load(tiny_run / "final")
+
+
+def test_the_constrained_search_places_every_term_on_a_trained_model(trained):
+    glossary = Glossary.parse(ENTRIES)
+    tok = trained.tokenizer
+    matches = [glossary.matches(s) for s in SOURCES]
+    constraints = [[[tok.encode_target(f) for f in constraint_forms(m.term)] for m in ms] for ms in matches]
+    assert constraints[3] == [] and len(constraints[2]) == 4  # "dog" twice, "red", "umbrella"
+    assert any(len(form) > 1 for cs in constraints for forms in cs for form in forms)  # terms of several pieces
+    src = collate_sources([tok.encode(s) for s in SOURCES], pad_id=tok.pad_id, eos_id=tok.eos_id)
+    config = DecodeConfig(beam_size=4)
+    found = constrained_beam_search(trained.model, src, constraints, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config,
+                                    joins=word_continuations(tok), beam_size=6)
+    for sentence, ms, hyp in zip(SOURCES, matches, found):
+        text = tok.decode(hyp.tokens)
+        assert all(hyp.met), (sentence, text)
+        for term in {m.term for m in ms}:  # each term as often as the source has it, as whole words
+            assert len(glossary.found(term, text)) >= sum(m.term == term for m in ms), (term, text)
+    # Searched alone, each sentence gets what it got in the batch.
+    for i in range(len(SOURCES)):
+        alone = constrained_beam_search(trained.model, src[i : i + 1, : int((src[i] != tok.pad_id).sum())], constraints[i : i + 1],
+                                        bos_id=tok.bos_id, eos_id=tok.eos_id, config=config, joins=word_continuations(tok), beam_size=6)
+        assert alone[0].tokens == found[i].tokens
+
+
+def test_a_glossary_changes_only_the_sentences_that_miss_a_term(trained):
+    translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=4))
+    plain = translator.translate(SOURCES)
+    results = translate_with_glossary(translator, SOURCES, Glossary.parse(ENTRIES))
+    assert results[1].text == plain[1] and results[3].text == plain[3]  # no term ("dogs" is not "dog")
+    assert [r.sentences[0].constrained for r in results] == [True, False, True, False]
+    assert all(u.found for r in results for s in r.sentences for u in s.uses)
+    again = translate_with_glossary(translator, SOURCES, Glossary.parse(ENTRIES), always=True)
+    assert [r.text for r in again][1::2] == plain[1::2]
+
+
+def test_translate_with_a_glossary_and_its_report(tiny_run, tmp_path):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("".join(e + "\n" for e in ENTRIES), encoding="utf-8")
+    stdin = "".join(s + "\n" for s in SOURCES) + "\n"
+    plain = qkv("translate", "--checkpoint", tiny_run, "--beam", "4", cwd=tmp_path, stdin=stdin)
+    result = qkv("translate", "--checkpoint", tiny_run, "--beam", "4", "--glossary", glossary, cwd=tmp_path, stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    lines, before = result.stdout.splitlines(), plain.stdout.splitlines()
+    assert len(lines) == len(SOURCES) + 1 and lines[1::2] == before[1::2] and lines[-1] == ""
+    assert "Feuerwehrmann" in lines[0] and "Regenschirm" in lines[2]
+    report = qkv("translate", "--checkpoint", tiny_run, "--beam", "4", "--glossary", glossary, "--glossary-report",
+                 cwd=tmp_path, stdin=stdin)
+    objects = [json.loads(line) for line in report.stdout.splitlines()]
+    assert [o["translation"] for o in objects] == lines
+    first = {t["source"]: t for t in objects[0]["terms"]}
+    assert set(first) == {"man", "blue shirt", "ladder"}
+    assert first["blue shirt"]["source_words"] == [4, 5] and first["blue shirt"]["found"] == "blaues Oberhemd"
+    words = lines[0].split()
+    assert " ".join(words[i] for i in first["blue shirt"]["target_words"]).startswith("blaues Oberhemd")
+    assert all(isinstance(t["placed"], bool) and t["aligned_to"] is not None for t in first.values())
+    assert objects[1]["terms"] == [] and objects[-1] == {"translation": "", "terms": []}
+    assert [t["source"] for t in objects[2]["terms"]].count("dog") == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"man\tMann\nladder\n", "line 2: needs a source term and a target term separated by a tab"),
+    (b"man\t\n", "line 1: column 2 is empty"),
+    (b"man\tMann\n\xfe\xff\n", "line 2 is not valid UTF-8"),
+])
+def test_a_malformed_glossary_is_one_line_before_anything_is_loaded(random_checkpoint, tmp_path, content, message):
+    glossary = tmp_path / "bad.tsv"
+    glossary.write_bytes(content)
+    result = qkv("translate", "--checkpoint", random_checkpoint, "--glossary", glossary, cwd=tmp_path, stdin="a man\n")
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
+    missing = qkv("translate", "--checkpoint", random_checkpoint, "--glossary", tmp_path / "none.tsv", cwd=tmp_path, stdin="a\n")
+    assert "cannot read the glossary" in missing.stderr
+    assert "not with --n-best" in qkv("translate", "--checkpoint", random_checkpoint, "--glossary", glossary, "--n-best", "2",
+                                      cwd=tmp_path, stdin="a\n").stderr
+
+
+def test_hostile_glossaries_cost_no_line(random_checkpoint):
+    loaded = checkpoint.load(random_checkpoint)
+    translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=2))
+    many = Glossary.parse([f"word{i}\tWort{i}" for i in range(300)] + ["dog\tHund", "the green field\tdie grüne Wiese",
+                                                                          "green\tgrün", "A dog runs across the green field and far beyond it\tx"])
+    texts = ["A dog runs across the green field.", "", "green green green green", "word7 word8 word9 word10 word11 word12"]
+    results = translate_with_glossary(translator, texts, many)
+    assert len(results) == len(texts) and results[1].text == ""
+    # overlapping terms: the longest wins ("the green field", not "green"); a term longer than the sentence matches nothing
+    assert [u.term.source for u in results[0].sentences[0].uses] == ["dog", "the green field"]
+    assert len(results[2].sentences[0].uses) == 4 and len(results[3].sentences[0].uses) == 6
+    # "Wort7": the 60-piece vocabulary has no digits; such a term is reported, never searched for
+    assert [u.writable for u in results[3].sentences[0].uses] == [False] * 6
+    for r in results:  # every term that can be written is placed, or the sentence says the search could not
+        s = r.sentences[0]
+        assert all(u.found for u in s.uses if u.writable) or s.unplaceable
+
+
+def test_evaluate_prints_the_term_use(tiny_run, tmp_path):
+    src, ref, glossary = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "terms.tsv"
+    src.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+    ref.write_text("Ein Feuerwehrmann.\nZwei Hunde.\nEine Frau.\nKinder.\n", encoding="utf-8")
+    glossary.write_text("".join(e + "\n" for e in ENTRIES), encoding="utf-8")
+    result = qkv("evaluate", "--checkpoint", tiny_run, "--src-file", src, "--ref-file", ref, "--glossary", glossary, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "glossary: 7 terms asked for; 7 found (100.0%)" in result.stdout, result.stdout
+
+
+def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
+    import asyncio
+
+    app = create_app(tiny_run)
+    body = {"texts": SOURCES[:2], "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return await client.post("/v1/translate", json=body), await client.post("/v1/translate", json=body | {"glossary": None})
+
+    with_terms, without = asyncio.run(scenario())
+    assert with_terms.status_code == 200, with_terms.text
+    answer = with_terms.json()
+    loaded = checkpoint.load(tiny_run)
+    expected = translate_with_glossary(Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=4)), SOURCES[:2], Glossary.parse(ENTRIES))
+    assert answer["translations"] == [r.text for r in expected]
+    assert [[t["source"] for t in ts] for ts in answer["terms"]] == [["man", "blue shirt", "ladder"], []]
+    assert all(t["found"] and "placed" in t for t in answer["terms"][0])
+    assert "terms" not in without.json() and without.json()["translations"][1] == answer["translations"][1]

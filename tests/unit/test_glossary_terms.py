@@ -1,0 +1,87 @@
+"""Glossary files and term matching (qkv.infer.glossary), and the constrained search's bookkeeping
+(qkv.infer.constrained): what is a term, where it stands, when a form counts as written."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.errors import QkvError
+from qkv.infer.constrained import _Beam, _advance, _allocate, _met_at_end
+from qkv.infer.glossary import Glossary, missing
+
+
+def test_a_glossary_file_gives_entries_with_their_forms(tmp_path):
+    path = tmp_path / "terms.tsv"
+    path.write_bytes("\ufeff# product names\n\ndog\tHund\tHunde\t Hundes \r\nNew York\tNew York\n".encode())
+    glossary = Glossary.read(path)
+    assert [(t.source, t.forms, t.line) for t in glossary.terms] == [
+        ("dog", ("Hund", "Hunde", "Hundes"), 3), ("New York", ("New York",), 4)]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"dog\tHund\ncat\n", "line 2: needs a source term and a target term separated by a tab"),
+    (b"dog\t\tHunde\n", "line 1: column 2 is empty"),
+    (b"dog\tHund\n \tKatze\n", "line 2: column 1 is empty"),
+    (b"dog\tHund\n\xff\tKatze\n", "line 2 is not valid UTF-8"),
+    (b"dog\tHund\nDog\tHunde\n", "line 2: 'Dog' is already listed on line 1"),
+    (b"dog\t" + b"x" * 201 + b"\n", "line 1: column 2 has 201 characters"),
+])
+def test_a_malformed_glossary_is_one_line_naming_its_line(tmp_path, content, message):
+    path = tmp_path / "bad.tsv"
+    path.write_bytes(content)
+    with pytest.raises(QkvError) as error:
+        Glossary.read(path)
+    assert str(error.value).startswith(f"{path} {message}")
+    assert "\n" not in str(error.value)
+
+
+def test_terms_match_whole_words_with_the_documented_case_rules():
+    glossary = Glossary.parse(["cat\tKatze", "Apple\tApple", "New York\tNew York", "New York City\tNew York City"])
+    text = "A cat, a category, CAT and apple at Apple in New  York City and New York."
+    found = glossary.matches(text)
+    # "category" holds "cat" but not as a word; "apple" is not "Apple"; the longer "New York City" wins
+    assert [(m.term.source, text[m.start : m.end], m.words) for m in found] == [
+        ("cat", "cat", (1,)), ("cat", "CAT", (4,)), ("Apple", "Apple", (8,)), ("New York City", "New  York City", (10, 11, 12)),
+        ("New York", "New York", (14, 15))]
+    assert found[1].start == text.index("CAT") and found[-1].start == text.rindex("New York")
+
+
+def test_a_form_is_found_as_written_or_with_a_capital_first_letter():
+    glossary = Glossary.parse(["red\trot\troten", "dog\tHund"])
+    red, dog = glossary.terms
+    assert glossary.found(red, "Rot und roten, nicht rotes") == [("rot", 0, 3), ("roten", 8, 13)]
+    assert glossary.found(dog, "der hund, die Hunde") == []  # "Hund" asks for a capital; "Hunde" is not one of its forms
+
+
+def test_a_term_twice_in_the_source_needs_its_form_twice():
+    glossary = Glossary.parse(["dog\tHund"])
+    matches = glossary.matches("a dog and another dog")
+    assert [m.start for m in missing(glossary, matches, "ein Hund und ein anderer")] == [18]
+    assert missing(glossary, matches, "ein Hund und noch ein Hund") == []
+
+
+def test_a_form_counts_only_as_a_whole_word():
+    # Constraint 0 has one form of two pieces (5, 6); piece 9 continues a word, 1 starts one.
+    constraints, joins = [[[5, 6]]], frozenset({9})
+    beam = _Beam((), 0.0, (False,), frozenset())
+    met, partial = _advance(beam, 5, constraints, joins)
+    met, partial = _advance(_Beam((5,), 0.0, met, partial), 6, constraints, joins)
+    assert met == (False,) and partial == {(0, 0, 2)}  # complete, not yet met
+    done = _Beam((5, 6), 0.0, met, partial)
+    assert _met_at_end(done, constraints) == (True,)  # the output's end is a boundary
+    assert _advance(done, 1, constraints, joins)[0] == (True,)
+    assert _advance(done, 9, constraints, joins) == ((False,), frozenset())  # "Hund" + "en": not the term
+
+
+def test_one_output_of_a_form_meets_one_of_two_equal_constraints():
+    constraints = [[[5]], [[5]]]  # a term asked for twice
+    pending = _Beam((5,), 0.0, (False, False), frozenset({(0, 0, 1), (1, 0, 1)}))
+    assert _advance(pending, 1, constraints, frozenset())[0] == (True, False)
+    assert _met_at_end(pending, constraints) == (True, False)  # nor at the output's end
+
+
+def test_beam_slots_are_shared_among_the_banks_fullest_first():
+    banks = {0: [(-1.0, 0, 1, None, None), (-1.5, 0, 2, None, None), (-2.0, 0, 3, None, None)], 2: [(-9.0, 0, 4, None, None)]}
+    # two banks: 2 slots to the fuller one (it has one candidate: its other slot goes to the best left over)
+    assert [c[2] for c in _allocate(banks, K=4)] == [4, 1, 2, 3]
+    assert [c[2] for c in _allocate(banks, K=2)] == [4, 1]  # however badly the fuller bank scores
