@@ -457,6 +457,30 @@ def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_pa
     browser.save_screenshot(str(tmp_path / "page.png"))
 
 
+def test_page_sends_a_glossary_and_shows_where_each_term_went_in_chromium(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    sentence = DATES[0]  # "9 mai 2017"
+    plain = post(server, {"texts": [sentence]}).json()["translations"][0]
+    wanted = plain.split()[0]  # a form the model writes: "mai" asks for it
+    glossary = [["mai", wanted], ["juillet", "Juli"]]  # the second is not in the sentence
+    api = post(server, {"texts": [sentence], "beam_size": 5, "attention": True, "confidence": True, "glossary": glossary}).json()
+    (used,) = api["terms"][0]
+    assert used["source"] == "mai" and used["found"] == wanted
+    browser.get(server.url + "/")
+    browser.find_element(By.ID, "input").clear()
+    browser.find_element(By.ID, "input").send_keys(sentence)
+    browser.find_element(By.ID, "glossary").send_keys(f"mai = {wanted}\njuillet = Juli")
+    browser.find_element(By.ID, "translate").click()
+    wait = WebDriverWait(browser, 30)
+    line = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#results .terms"))[0]
+    where = "placed" if used["placed"] else "placed elsewhere"
+    assert line.text.startswith(f"terms: mai → {wanted}: {where}"), line.text
+    shaded = [w.text for w in browser.find_elements(By.CSS_SELECTOR, "#results .term")]
+    assert shaded == [api["translations"][0].split()[j] for j in used["target_words"]]
+
+
 SCHEMATHESIS_RUNS = {
     # Small limits make each fuzzed request cheap, so the fuzzer probes every bound many times.
     "small limits": (["--max-texts", "4", "--max-chars", "100"], 60),
