@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from qkv.cli.common import command
 from qkv.errors import QkvError
 
 
@@ -69,3 +70,60 @@ def term_summary(results) -> str:
     return (f"glossary: {len(uses)} terms asked for; {found} found ({share(found)}), {exact} in the form asked for "
             f"({share(exact)}), {placed} placed where their source term aligns ({share(placed)}); "
             f"{again} sentences searched again with constraints")
+
+
+def _pseudo_terms_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="the aligner: a checkpoint (or run) in the training data's languages")
+    p.add_argument("--out", required=True, help="the file to write: one JSON list a training pair, [pair key, [[source word index, "
+                                                "target word], ...]] (a new file)")
+    p.add_argument("--train-src", help="training sources (default: the checkpoint's own training data)")
+    p.add_argument("--train-tgt", help="training targets, line-aligned with --train-src")
+    p.add_argument("--data-dir", help="local Multi30k directory, for a checkpoint trained on Multi30k")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+
+@command("pseudo-terms", "find pseudo-terms in training pairs with the aligner, for term-aware training (--data term_share)",
+         _pseudo_terms_args)
+def pseudo_terms_command(args: argparse.Namespace) -> int:
+    import time
+
+    from qkv.io import checkpoint
+    from qkv.io.outputs import check_output, output_file, read_dirs
+    from qkv.data.term_annotation import pair_key
+    from qkv.inspect.terms import pseudo_terms
+
+    reads = read_dirs([args.checkpoint])
+    check_output(args.out, force=args.force, inputs=(args.train_src, args.train_tgt), reads=reads)
+    if bool(args.train_src) != bool(args.train_tgt):
+        raise QkvError("give both --train-src and --train-tgt (or neither: the checkpoint's own training data)")
+    loaded = checkpoint.load(args.checkpoint)
+    if args.train_src:
+        from qkv.data.corpus import read_parallel
+
+        corpus = read_parallel(args.train_src, args.train_tgt, keep_empty=True)
+        sources, targets = corpus.src, corpus.tgt
+    else:
+        import dataclasses
+
+        from qkv.model.config import ConfigError, config_from_dict
+        from qkv.train.recipes import DataConfig, load_corpora
+
+        try:
+            data = config_from_dict(DataConfig, loaded.config.get("data") or {})
+        except ConfigError as error:
+            raise QkvError(f"{loaded.path} does not say what it was trained on ({error}): give --train-src and --train-tgt") from None
+        if data.corpus == "prepared":
+            raise QkvError("a prepared corpus holds token ids, not text: give --train-src and --train-tgt")
+        if args.data_dir:
+            data = dataclasses.replace(data, data_dir=args.data_dir)
+        train, _ = load_corpora(data)
+        sources, targets = train.src, train.tgt
+    started = time.perf_counter()
+    found = pseudo_terms(loaded.model, loaded.tokenizer, sources, targets)
+    with output_file(args.out, force=args.force, inputs=(args.train_src, args.train_tgt), reads=reads) as handle:
+        handle.writelines(json.dumps([pair_key(s, t), [[i, w] for i, w in terms]], ensure_ascii=False) + "\n"
+                          for s, t, terms in zip(sources, targets, found))
+    with_terms = sum(bool(t) for t in found)
+    print(f"wrote {args.out}: {len(found):,} pairs, {with_terms:,} with pseudo-terms ({sum(map(len, found)):,} in all), "
+          f"{time.perf_counter() - started:.1f}s")
+    return 0

@@ -6,7 +6,9 @@ is translated by the translator as it would be without a glossary, and its trans
 term found in the source must stand in it (one of its forms, as often as the source has the term).
 Only a sentence that fails the check is searched again, by ``constrained_beam_search``, which places
 every term; ``always=True`` searches every sentence with terms that way. A sentence without terms is
-translated exactly as without the glossary.
+translated exactly as without the glossary. A term-aware model (trained with ``DataConfig.term_share``)
+reads each term's asked-for form written after its source term (``qkv.data.term_annotation``), in both
+searches.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from qkv.data.sentences import AS_IS, Line, prepare_line
+from qkv.data.term_annotation import annotate
 from qkv.infer.constrained import constrained_beam_search
 from qkv.infer.glossary import Glossary, Term, TermMatch, missing, word_indices
 from qkv.infer.search import loops
@@ -162,10 +165,15 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     lines = [prepare_line(t, translator.text) if translator.text else Line([t], [], [AS_IS]) for t in texts]
     sentences = [s for line in lines for s in line.sentences]
     owners = [g for line, g in zip(lines, glossaries) for _ in line.sentences]
-    src_ids = [translator.encode(s) for s in sentences]
+    matches = [g.matches(s) for g, s in zip(owners, sentences)]
+    if getattr(model, "term_aware", False):  # a model trained with inline terms reads each term's form after its source term
+        shown = [annotate(s, [(m.start, m.end, m.term.forms[0]) for m in ms]) for s, ms in zip(sentences, matches)]
+    else:
+        shown = sentences
+    src_ids = [translator.encode(s) for s in shown]
+    matches = [ms if ids else [] for ms, ids in zip(matches, src_ids)]
     hyps = translator.translate_ids(src_ids)
     tokens = [h[0].tokens for h in hyps]
-    matches = [g.matches(s) if ids else [] for g, s, ids in zip(owners, sentences, src_ids)]
     again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
              if m and (always or missing(g, m, tok.decode(t)))]
     known: dict[Term, list[list[int]]] = {}

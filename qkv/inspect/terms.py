@@ -1,4 +1,5 @@
-"""Where each glossary term went: the alignment check of a translation made with a glossary.
+"""Where each glossary term went: the alignment check of a translation made with a glossary; and the
+pseudo-terms of term-aware training, from the same aligner.
 
 A term found in a translation is *placed* when its words align (``qkv.inspect.align``, the default
 reading: value norms at the middle decoder layer) to at least one word of the source term it answers.
@@ -8,10 +9,14 @@ is found but not placed.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.terms import GlossaryTranslation
 from qkv.inspect.align import align
 from qkv.model.transformer import Transformer
+
+MIN_TERM_CHARS = 4  # letters of a pseudo-term's words, each side
 
 
 def place(model: Transformer, tokenizer: TextTokenizer, results: list[GlossaryTranslation]) -> None:
@@ -27,3 +32,21 @@ def place(model: Transformer, tokenizer: TextTokenizer, results: list[GlossaryTr
                 continue
             use.aligned_to = tuple(sorted({s for s, t in links if t in use.target_words}))
             use.placed = bool(set(use.aligned_to) & set(use.source_words))
+
+
+def pseudo_terms(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,
+                 min_chars: int = MIN_TERM_CHARS) -> list[list[tuple[int, str]]]:
+    """For each training pair, the words fit to be pseudo-terms: (source word index, target word) where
+    the aligner (``align``'s default reading) links the two one-to-one, and both are words of letters
+    only, at least ``min_chars`` long (which leaves out most function words)."""
+    out = []
+    for source, target, links in zip(sources, targets, align(model, tokenizer, sources, targets)):
+        src_words, tgt_words = source.split(), target.split()
+        from_src, to_tgt = Counter(s for s, _ in links), Counter(t for _, t in links)
+        out.append([(s, tgt_words[t]) for s, t in links if from_src[s] == 1 and to_tgt[t] == 1
+                    and _word(src_words[s], min_chars) and _word(tgt_words[t], min_chars)])
+    return out
+
+
+def _word(word: str, min_chars: int) -> bool:
+    return word.isalpha() and len(word) >= min_chars

@@ -420,6 +420,8 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
     load_weights(model, tensors, str(weights))
     tokenizer = load_tokenizer(directory / TOKENIZER)
     model.decode_defaults = decode_defaults(config)  # what a Translator of this model searches with by default
+    # Trained with inline term annotations (DataConfig.term_share): a glossary's terms are written into its sources.
+    model.term_aware = bool((config.get("data") or {}).get("term_share"))
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 

@@ -40,6 +40,11 @@ class DataConfig:
     max_len: int = 128  # >= 1; subword tokens kept per side
     subword_dropout: float = 0.0  # in [0, 1); BPE-dropout of the training pairs, drawn afresh every epoch; 0: one fixed segmentation
     case_augment: float = 0.0  # in [0, 1); the share of training pairs recased each epoch (half all caps on both sides, half a Title Case source), drawn afresh every epoch
+    # Term-aware training (docs/glossary.md): the share of training pairs whose source gets one or two
+    # pseudo-terms written inline after their source words each epoch (qkv.data.term_annotation), read
+    # from term_file, which qkv pseudo-terms makes from the same training data. 0: off.
+    term_share: float = 0.0  # in [0, 1)
+    term_file: str | None = None  # with term_share: qkv pseudo-terms' file, one line per training pair
     train_limit: int = 0  # >= 0; use only the first N training pairs (0: all); for quick runs and CI
     valid_limit: int = 0  # >= 0; use only the first N validation pairs (0: all)
 
@@ -61,10 +66,14 @@ class DataConfig:
             raise ConfigError(f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
         if not 0 <= self.case_augment < 1:
             raise ConfigError(f"case_augment must be in [0, 1), got {self.case_augment}")
+        if not 0 <= self.term_share < 1:
+            raise ConfigError(f"term_share must be in [0, 1), got {self.term_share}")
+        if self.term_share and not self.term_file:
+            raise ConfigError("term_share needs term_file: the file qkv pseudo-terms writes")
         if self.corpus == "prepared":
             if not self.data_dir:
                 raise ConfigError("corpus 'prepared' needs data_dir: the directory qkv prepare wrote")
-            for name in ("subword_dropout", "case_augment"):
+            for name in ("subword_dropout", "case_augment", "term_share"):
                 if getattr(self, name):
                     raise ConfigError(
                         f"a prepared corpus holds one segmentation of every pair: {name} applies to text corpora "
@@ -235,7 +244,7 @@ def load_corpora(data: DataConfig) -> tuple[ParallelCorpus, ParallelCorpus]:
     return train, valid
 
 
-DATA_PATHS = ("data_dir", "train_src", "train_tgt", "valid_src", "valid_tgt")
+DATA_PATHS = ("data_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "term_file")
 
 
 def resolved_paths(data: DataConfig) -> DataConfig:
@@ -259,6 +268,8 @@ def data_sources(data: DataConfig) -> dict[str, dict[str, Any]]:
                  for side, lang in (("src", data.src_lang), ("tgt", data.tgt_lang))}
     else:
         files = {key: Path(value) for key in DATA_PATHS[1:] if (value := getattr(data, key))}
+    if data.term_file:
+        files["term_file"] = Path(data.term_file)
     return {role: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path)} for role, path in files.items()}
 
 

@@ -35,6 +35,7 @@ from qkv.train import validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data.corpus import Batches, EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.data.sentences import case_augmented
+from qkv.data.term_annotation import annotated, read_pseudo_terms
 from qkv.io.prepared import MappedSide, Prepared, load_prepared
 from qkv.model.devices import resolve_device
 from qkv.train.ema import WeightEMA
@@ -165,6 +166,7 @@ class Trainer:
             weight_decay=train.weight_decay, **adam_kernel(train.adam)
         )
         self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
+        self._pseudo_terms: list | None = None  # with term_share: qkv pseudo-terms' file, read at the first epoch
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best_bleu, self.bad_evals = -1.0, 0
@@ -280,8 +282,8 @@ class Trainer:
         """The training pairs as the model sees them in ``epoch``: one segmentation for every epoch,
         or with ``subword_dropout`` (and ``case_augment``, the pairs recased) one drawn for this epoch
         (from the seed and the epoch alone, so a resumed run draws it again)."""
-        dropout, recase = self.data_cfg.subword_dropout, self.data_cfg.case_augment
-        if not dropout and not recase:
+        dropout, recase, terms = self.data_cfg.subword_dropout, self.data_cfg.case_augment, self.data_cfg.term_share
+        if not dropout and not recase and not terms:
             return self.train_ids
         if self._sampled is None or self._sampled[0] != epoch:
             seed = self.train_cfg.seed * 1_000_003 + epoch
@@ -289,6 +291,10 @@ class Trainer:
             if recase:  # this epoch's share of pairs in capitals or Title Case (qkv.data.sentences.case_augmented)
                 src, tgt = case_augmented(data.src, data.tgt, recase, seed)
                 data = replace(data, src=src, tgt=tgt)
+            if terms:  # this epoch's share of pairs with pseudo-terms written inline (qkv.data.term_annotation)
+                if self._pseudo_terms is None:
+                    self._pseudo_terms = read_pseudo_terms(self.data_cfg.term_file, self.train_data.src, self.train_data.tgt)
+                data = replace(data, src=annotated(data.src, self._pseudo_terms, terms, seed))
             self._sampled = (epoch, encode_corpus(self.tokenizer, data, self.max_len, dropout=dropout, seed=seed))
         return self._sampled[1]
 

@@ -161,3 +161,28 @@ def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
     assert [[t["source"] for t in ts] for ts in answer["terms"]] == [["man", "blue shirt", "ladder"], []]
     assert all(t["found"] and "placed" in t for t in answer["terms"][0])
     assert "terms" not in without.json() and without.json()["translations"][1] == answer["translations"][1]
+
+
+def test_pseudo_terms_then_term_aware_fine_tuning(random_checkpoint, tmp_path):
+    from tests.conftest import RANDOM_MODEL_SENTENCES
+
+    english, german = RANDOM_MODEL_SENTENCES[0::2], RANDOM_MODEL_SENTENCES[1::2]
+    src, tgt, terms = tmp_path / "train.en", tmp_path / "train.de", tmp_path / "terms.jsonl"
+    src.write_text("".join(s + "\n" for s in english * 4), encoding="utf-8")
+    tgt.write_text("".join(s + "\n" for s in german * 4), encoding="utf-8")
+    result = qkv("pseudo-terms", "--checkpoint", random_checkpoint, "--train-src", src, "--train-tgt", tgt, "--out", terms, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = [json.loads(line)[1] for line in terms.read_text(encoding="utf-8").splitlines()]
+    assert len(found) == 4 * len(english)
+    for pair, source, target in zip(found, english * 4, german * 4):  # one-to-one links of words of 4 or more letters
+        assert all(word.isalpha() and len(word) >= 4 and word in target.split() for _, word in pair)
+        assert all(source.split()[i].isalpha() and len(source.split()[i]) >= 4 for i, _ in pair)
+    assert "exists" in qkv("pseudo-terms", "--checkpoint", random_checkpoint, "--train-src", src, "--train-tgt", tgt,
+                           "--out", terms, cwd=tmp_path).stderr
+    train = ("train", "--init-from", random_checkpoint, "--train-src", src, "--train-tgt", tgt, "--max-steps", "2",
+             "--train", "lr=1e-4", "warmup_steps=1", "--src", "en", "--tgt", "de")
+    refused = qkv(*train, "--data", "term_share=0.5", "--out", tmp_path / "run0", cwd=tmp_path)
+    assert "term_share needs term_file" in refused.stderr
+    result = qkv(*train, "--data", "term_share=0.5", f"term_file={terms}", "--out", tmp_path / "run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert checkpoint.load(tmp_path / "run").model.term_aware and not checkpoint.load(random_checkpoint).model.term_aware

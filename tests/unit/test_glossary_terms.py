@@ -85,3 +85,30 @@ def test_beam_slots_are_shared_among_the_banks_fullest_first():
     # two banks: 2 slots to the fuller one (it has one candidate: its other slot goes to the best left over)
     assert [c[2] for c in _allocate(banks, K=4)] == [4, 1, 2, 3]
     assert [c[2] for c in _allocate(banks, K=2)] == [4, 1]  # however badly the fuller bank scores
+
+
+def test_terms_are_written_after_their_source_words():
+    from qkv.data.term_annotation import annotate, annotated
+
+    assert annotate("A man climbs a ladder .", [(15, 21, "Leiter"), (2, 5, "Mann")]) == "A man # Mann # climbs a ladder # Leiter # ."
+    src = ["a b c", "d e", "f"] * 100
+    terms = [[(0, "X"), (2, "Y")], [(1, "Z")], []] * 100
+    once, again = annotated(src, terms, 0.3, seed=4), annotated(src, terms, 0.3, seed=4)
+    assert once == again and once != annotated(src, terms, 0.3, seed=5)  # drawn from the seed alone
+    changed = [a for a, s in zip(once, src) if a != s]
+    assert 45 <= len(changed) <= 135 and all("#" in a for a in changed)  # about 30% of the 200 pairs that have terms
+    assert all(a == "f" for a in once[2::3])  # a pair without pseudo-terms is never annotated
+
+
+def test_pseudo_terms_are_found_by_their_pair_and_a_wrong_file_is_one_line(tmp_path):
+    from qkv.data.term_annotation import pair_key, read_pseudo_terms
+
+    path = tmp_path / "terms.jsonl"
+    path.write_text(f'["{pair_key("a dog", "ein Hund")}", [[1, "Hund"]]]\n["{pair_key("x", "y")}", []]\n', encoding="utf-8")
+    # found by its text, wherever the pair stands; a pair the file lacks has none
+    assert read_pseudo_terms(path, ["b", "a dog"], ["c", "ein Hund"]) == [[], [(1, "Hund")]]
+    with pytest.raises(QkvError, match="holds none of the 1 training pairs"):
+        read_pseudo_terms(path, ["a cat"], ["eine Katze"])
+    path.write_text('{"a": 1}\n', encoding="utf-8")
+    with pytest.raises(QkvError, match="line 1 is not a JSON list"):
+        read_pseudo_terms(path, ["a"], ["b"])
