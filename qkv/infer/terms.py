@@ -174,10 +174,11 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     matches = [ms if ids else [] for ms, ids in zip(matches, src_ids)]
     hyps = translator.translate_ids(src_ids)
     tokens = [h[0].tokens for h in hyps]
-    again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
-             if m and (always or missing(g, m, tok.decode(t)))]
     known: dict[Term, list[list[int]]] = {}
     forms_of = lambda term: known[term] if term in known else known.setdefault(term, writable_forms(tok, term))  # noqa: E731
+    # Searched again: a sentence with a term the model can write, if it misses one (or always).
+    again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
+             if any(forms_of(x.term) for x in m) and (always or missing(g, m, tok.decode(t)))]
     unplaceable = set()
     order = length_batches([len(src_ids[i]) for i in again], max_tokens=10**9, max_sentences=CONSTRAINED_BATCH)
     joins = word_continuations(tok)

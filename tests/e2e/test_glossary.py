@@ -125,6 +125,7 @@ def test_hostile_glossaries_cost_no_line(random_checkpoint):
     assert len(results[2].sentences[0].uses) == 4 and len(results[3].sentences[0].uses) == 6
     # "Wort7": the 60-piece vocabulary has no digits; such a term is reported, never searched for
     assert [u.writable for u in results[3].sentences[0].uses] == [False] * 6
+    assert results[3].text == translator.translate([texts[3]])[0] and not results[3].sentences[0].constrained
     for r in results:  # every term that can be written is placed, or the sentence says the search could not
         s = r.sentences[0]
         assert all(u.found for u in s.uses if u.writable) or s.unplaceable
