@@ -105,7 +105,8 @@ def constrained_beam_search(
     forms, and a candidate that could no longer write its remaining terms within it is dropped, so every
     constraint that can be written is met (a form whose first piece continues a word never starts).
     Should none the less no output meet them all, the best one found is returned, ``met`` saying which
-    it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams, as in ``beam_search``."""
+    it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams and ``config.stop_early`` stops a
+    sentence at K finished hypotheses, as in ``beam_search``."""
     B, device, alpha = src.size(0), src.device, config.length_penalty
     K = max(beam_size or config.beam_size, 1 + max(len(c) for c in constraints))
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
@@ -174,7 +175,7 @@ def constrained_beam_search(
             del finished[s][K:]
             chosen = _allocate(banks, K)
             live = [_Beam(beams[s][j].tokens + (t,), v, met, partial) for v, j, t, met, partial in chosen]
-            stop = not live or step + 1 >= limits[s] or (
+            stop = not live or step + 1 >= limits[s] or (config.stop_early and len(finished[s]) >= K) or (
                 finished[s] and max(v for v, *_ in chosen) / length_penalty(limits[s], alpha) <= finished[s][0].score)
             if not live:
                 live = beams[s]  # nothing could continue: the sentence ends with what it had
