@@ -8,7 +8,7 @@ import sys
 from qkv.errors import QkvError
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
-from qkv.cli.glossary import glossary_args, glossary_writer, load_glossary, placed, term_summary
+from qkv.cli.glossary import aligner, glossary_args, glossary_writer, load_glossary, term_summary
 from qkv.cli.common import (
     decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, precision_label, loop_guard_args, shortlist_arg,
     engine_arg, text_args, text_options, translator_of, workers_arg, command,
@@ -155,7 +155,7 @@ def evaluate(args: argparse.Namespace) -> int:
     print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{precision_label(args, model)}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     if glossary is not None:
-        placed(args, model, tokenizer, results)
+        aligner(args, model, tokenizer)(results)
         print(term_summary(results))
     if args.confidence:
         print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses)

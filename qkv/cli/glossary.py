@@ -35,12 +35,14 @@ def load_glossary(args: argparse.Namespace):
     return Glossary.read(args.glossary)
 
 
-def placed(args: argparse.Namespace, model, tokenizer, results) -> None:
-    """Fill in where each found term aligns, with the (first) checkpoint's own float32 model."""
+def aligner(args: argparse.Namespace, model, tokenizer):
+    """``results`` -> where each found term aligns, filled in with the (first) checkpoint's own float32
+    model (loaded once, if the one translating is not it)."""
     from qkv.cli.trust import trust_model
     from qkv.inspect.terms import place
 
-    place(trust_model(args, model, tokenizer)[0], tokenizer, results)
+    own = trust_model(args, model, tokenizer)[0]
+    return lambda results: place(own, tokenizer, results)
 
 
 def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=None):
@@ -48,11 +50,13 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
     --glossary-report, as JSON; with --confidence, annotated as without a glossary)."""
     from qkv.infer.terms import translate_with_glossary
 
+    place = aligner(args, translator.model, translator.tokenizer) if getattr(args, "glossary_report", False) else None
+
     def write(lines: list[str]) -> list[str]:
         results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always)
         texts = [" ".join(r.text.splitlines()) for r in results]
-        if getattr(args, "glossary_report", False):
-            placed(args, translator.model, translator.tokenizer, results)
+        if place is not None:
+            place(results)
             return [json.dumps(r.as_dict() | {"translation": t}, ensure_ascii=False) for r, t in zip(results, texts)]
         return annotate(lines, texts) if annotate is not None else texts
 

@@ -144,7 +144,7 @@ def constrained_beam_search(
         flat_r = [r for r, pairs in enumerate(wanted) for _ in pairs]
         values = scores[flat_r, [j for pairs in wanted for j, _ in pairs], [t for pairs in wanted for _, t in pairs]].tolist()
         at = 0
-        new_beams, source_rows, done = [], [], []
+        new_beams = []
         for r, s in enumerate(alive):
             cs = constraints[s]
             banks: dict[int, list] = {}
@@ -181,7 +181,6 @@ def constrained_beam_search(
                 live = beams[s]  # nothing could continue: the sentence ends with what it had
             if stop:
                 beams[s] = live
-                done.append(r)
                 continue
             while len(live) < K:  # fixed K rows a sentence after the first step: dead slots never win
                 live.append(_Beam(live[0].tokens, float("-inf"), live[0].met, live[0].partial))

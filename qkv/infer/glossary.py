@@ -92,7 +92,9 @@ class Glossary:
             ((term, _pattern(term.source, term.source == term.source.lower())) for term in self.terms),
             key=lambda tp: -len(tp[0].source),
         )
-        self._forms = {term: [_pattern(f, False) for f in term.forms] for term in self.terms}
+        # Each form as written and, where it starts in lower case, with a capital first letter; longest first.
+        self._forms = {term: [(f, _pattern(f, False), _pattern(f[:1].upper() + f[1:], False))
+                              for f in sorted(term.forms, key=len, reverse=True)] for term in self.terms}
 
     def __len__(self) -> int:
         return len(self.terms)
@@ -160,17 +162,12 @@ class Glossary:
         """Each place one of ``term``'s forms stands in ``translation``: (form, start, end), left to
         right, longest form first where two overlap."""
         hits = []
-        for form, pattern in sorted(zip(term.forms, self._forms[term]), key=lambda fp: -len(fp[0])):
-            for variant in {pattern, _capitalised(form)}:
-                for m in variant.finditer(translation):
+        for form, *patterns in self._forms[term]:
+            for pattern in patterns:
+                for m in pattern.finditer(translation):
                     if not any(m.start() < e and m.end() > s for _, s, e in hits):
                         hits.append((form, m.start(), m.end()))
         return sorted(hits, key=lambda h: h[1])
-
-
-def _capitalised(form: str) -> re.Pattern:
-    """The form with its first letter in capitals (the same pattern when it has one already)."""
-    return _pattern(form[:1].upper() + form[1:], False)
 
 
 def missing(glossary: Glossary, matches: list[TermMatch], translation: str) -> list[TermMatch]:

@@ -85,10 +85,6 @@ class GlossaryTranslation:
     text: str
     sentences: list[SentenceTerms]
 
-    @property
-    def missing(self) -> int:
-        return sum(u.found is None for s in self.sentences for u in s.uses)
-
     def terms(self) -> list[dict]:
         """Each term asked for, as JSON: ``TermUse.as_dict``, whether the constrained search made its
         sentence's translation, and (where the line was cut into sentences) its sentence's index."""
@@ -112,17 +108,11 @@ def constraint_forms(term: Term) -> list[str]:
     return list(dict.fromkeys(forms))
 
 
-_JOINS: dict[int, frozenset[int]] = {}
-
-
 def word_continuations(tokenizer) -> frozenset[int]:
     """The target ids whose pieces continue the word before them (no leading "▁", a letter or digit
     first): after a term's last piece, one of these would make the term part of a longer word."""
-    key = id(tokenizer)
-    if key not in _JOINS:
-        pieces = tokenizer.pieces(list(range(tokenizer.vocab_size)))
-        _JOINS[key] = frozenset(i for i, p in enumerate(pieces) if p and not p.startswith("\u2581") and p[0].isalnum())
-    return _JOINS[key]
+    pieces = tokenizer.pieces(list(range(tokenizer.vocab_size)))
+    return frozenset(i for i, p in enumerate(pieces) if p and not p.startswith("\u2581") and p[0].isalnum())
 
 
 def _constrained(translator: Translator, src_ids: list[list[int]], constraints, joins, config) -> list:
@@ -133,13 +123,14 @@ def _constrained(translator: Translator, src_ids: list[list[int]], constraints, 
                                    suppress=suppressed_tokens(tok), beam_size=max(CONSTRAINED_BEAM, config.beam_size))
 
 
-def writable_forms(tokenizer, term: Term) -> list[list[int]]:
+def writable_forms(tokenizer, term: Term, joins: frozenset[int]) -> list[list[int]]:
     """The target ids of each of ``term``'s forms (``constraint_forms``) that the model can write: its
-    pieces decode back to the form (no unknown piece, no character the vocabulary lacks) and it starts a word."""
+    pieces decode back to the form (no unknown piece, no character the vocabulary lacks) and it starts a
+    word (its first id is not in ``joins``, ``word_continuations``)."""
     out = []
     for form in constraint_forms(term):
         ids = tokenizer.encode_target(form)
-        if ids and tokenizer.unk_id not in ids and ids[0] not in word_continuations(tokenizer) and tokenizer.decode(ids) == form:
+        if ids and tokenizer.unk_id not in ids and ids[0] not in joins and tokenizer.decode(ids) == form:
             out.append(ids)
     return out
 
@@ -181,14 +172,14 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     matches = [ms if ids else [] for ms, ids in zip(matches, src_ids)]
     hyps = translator.translate_ids(src_ids)
     tokens = [h[0].tokens for h in hyps]
+    joins = word_continuations(tok)
     known: dict[Term, list[list[int]]] = {}
-    forms_of = lambda term: known[term] if term in known else known.setdefault(term, writable_forms(tok, term))  # noqa: E731
+    forms_of = lambda term: known[term] if term in known else known.setdefault(term, writable_forms(tok, term, joins))  # noqa: E731
     # Searched again: a sentence with a term the model can write, if it misses one (or always).
     again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
              if any(forms_of(x.term) for x in m) and (always or missing(g, m, tok.decode(t)))]
     unplaceable = set()
     order = length_batches([len(src_ids[i]) for i in again], max_tokens=10**9, max_sentences=CONSTRAINED_BATCH)
-    joins = word_continuations(tok)
     config = translator.config
     for batch in ([again[j] for j in group] for group in order):
         constraints = [[forms for m in matches[i] if (forms := forms_of(m.term))] for i in batch]
