@@ -373,7 +373,8 @@ def test_workers_through_the_command_line(tiny_run, tmp_path):
     src.write_text("\n".join(SENTENCES * 4) + "\n")
     qkv = [sys.executable, "-m", "qkv"]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}
-    common = ["--checkpoint", str(tiny_run), "--beam", "3", "--batch-tokens", "40"]
+    # --device cpu: worker processes are a CPU mode, and auto would take a GPU where there is one.
+    common = ["--checkpoint", str(tiny_run), "--device", "cpu", "--beam", "3", "--batch-tokens", "40"]
     one = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "1"], capture_output=True, text=True, env=one_thread)
     two = subprocess.run([*qkv, "translate", *common, "-i", str(src), "--workers", "2"], capture_output=True, text=True)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
@@ -418,8 +419,8 @@ def test_decoding_workers_end_when_the_command_is_killed(tiny_run, tmp_path):
     """A killed ``qkv translate --workers 2`` leaves no process behind, and no output file."""
     src = tmp_path / "in.en"
     src.write_text("\n".join(SENTENCES * 400) + "\n")
-    command = [sys.executable, "-m", "qkv", "translate", "--checkpoint", str(tiny_run), "--beam", "3", "--batch-tokens", "40",
-               "--workers", "2", "-i", str(src), "-o", str(tmp_path / "out.de")]
+    command = [sys.executable, "-m", "qkv", "translate", "--checkpoint", str(tiny_run), "--device", "cpu", "--beam", "3",
+               "--batch-tokens", "40", "--workers", "2", "-i", str(src), "-o", str(tmp_path / "out.de")]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: list[int] = []
     deadline = time.monotonic() + 120
