@@ -277,7 +277,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
     if "ctranslate2" not in missing and "int8" not in compute_types:
         missing["ctranslate2 int8"] = f"this CPU's compute types are {compute_types}"
     if not int8_supported():
-        missing["qkv int8"] = f"this PyTorch's quantized engines are {torch.backends.quantized.supported_engines}"
+        missing["qkv int8"] = "torchao is not installed (qkv translate --int8 needs it)"
     if not bf16_native(torch.device("cpu")):
         missing["qkv bfloat16"] = "this CPU has no AVX-512 BF16 or AMX (qkv translate --bf16 would decode in float32)"
     if engines:

@@ -1,76 +1,89 @@
-"""int8 inference: the model's linear layers as 8-bit integer matmuls, for translating on a CPU.
+"""int8 inference: the model's linear layers with int8 weights, for translating on a CPU.
 
-Weights are quantized once, per output row (channel); activations are quantized per batch at run
-time (PyTorch's dynamic quantization, on the x86/fbgemm kernels). The result is an approximation of
+Each weight is quantized once, symmetrically per output row (channel), through torchao's
+``quantize_`` API (``Int8WeightOnlyConfig``), the quantization PyTorch maintains now that
+``torch.ao.quantization`` is deprecated. Activations stay in the model's float type: the product runs
+on PyTorch's int8-weight CPU kernel (``_weight_int8pack_mm``), which reads a quarter of fp32's weight
+bytes. torchao's other CPU mode, int8 activations too (``Int8DynamicActivationInt8WeightConfig``),
+decoded at a third of fp32's speed in eager PyTorch here, and the deprecated dynamic quantization
+qkv used before at about fp32's (docs/translation.md gives the measurement). The result approximates
 the fp32 model: its BLEU cost is measured in docs/benchmarks.md, never assumed.
 
 Left in fp32: the embeddings, the layer norms, and each attention's stacked input projection
 ``in_proj``, whose rows cross-attention uses in two slices (queries from the decoder, keys and
-values from the memory); the output projection, the feed-forward layers and W^O run in int8.
-
-PyTorch marks this path (``torch.ao.quantization.quantize_dynamic`` and its quantized tensors) as
-deprecated, in favour of torchao's ``quantize_`` API; it still works in the PyTorch qkv pins. qkv
-silences exactly those two deprecation notices, nothing else; when PyTorch removes the API,
-``int8_model`` fails with a one-line error that says so (``tests/e2e/test_quantize.py`` fails loudly on
-such a PyTorch), and the int8 path is to move to torchao's int8 dynamic quantization.
+values from the memory); the output projection, the feed-forward layers and W^O get int8 weights.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
+import logging
 from collections.abc import Iterator
 from typing import TypeVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from qkv.errors import QkvError
 
 M = TypeVar("M", bound=nn.Module)
 
+# The loggers that speak while torchao is imported: torchao's own, about optional GPU kernels a CPU
+# build cannot load, and PyTorch's pytree registry, about how torchao registers an enum.
+IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
+
 
 def int8_supported() -> bool:
-    """Whether this PyTorch has a CPU engine for dynamically quantized linear layers."""
-    return bool({"x86", "fbgemm", "qnnpack"} & set(torch.backends.quantized.supported_engines))
+    """Whether torchao is installed (``pip install torchao``, part of qkv's requirements)."""
+    try:
+        _torchao()
+    except QkvError:
+        return False
+    return True
 
 
 def int8_model(model: M) -> M:
     """A copy of ``model`` (a ``Transformer`` or an ``Ensemble`` of them) for inference with int8
-    linear layers (see the module docstring)."""
-    if not int8_supported():
-        raise QkvError("this PyTorch build has no quantized CPU engine: int8 decoding is unavailable")
+    linear weights (see the module docstring); ``model`` itself is untouched."""
+    quantization = _torchao()
     if next(model.parameters()).device.type != "cpu":
         raise QkvError("int8 decoding runs on the CPU: load the model there")
-    try:
-        with _deprecation_notices_silenced():
-            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    except ImportError:
-        raise QkvError(
-            f"this PyTorch ({torch.__version__}) no longer has torch.ao.quantization.quantize_dynamic: "
-            "int8 decoding needs a PyTorch that does (qkv pins 2.13.0)"
-        ) from None
     model = copy.deepcopy(model).eval()
-    names = {}
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and not name.endswith("in_proj"):
-            names[name] = per_channel_dynamic_qconfig
-            module.__class__ = nn.Linear  # qkv.model.kernels.Linear: quantize_dynamic swaps only torch's own class
-    with _deprecation_notices_silenced():
-        return quantize_dynamic(model, names, inplace=True)
+        if _quantized_here(module, name):
+            module.__class__ = nn.Linear  # qkv.model.kernels.Linear calls oneDNN, which knows no int8 weight
+    quantization.quantize_(model, quantization.Int8WeightOnlyConfig(), filter_fn=_quantized_here)
+    return model
 
 
-# The two notices PyTorch gives for this path (module docstring); any other warning goes through.
-DEPRECATION_NOTICES = (
-    (DeprecationWarning, r"torch\.ao\.quantization is deprecated"),
-    (UserWarning, r"torch\.quantize_per_tensor, torch\.quantize_per_channel and other quantized tensor creation functions"),
-)
+def is_int8(weight: Tensor) -> bool:
+    """Whether ``weight`` is one ``int8_model`` made (a torchao tensor, which ``dequantize()`` restores)."""
+    return type(weight) is not torch.Tensor and type(weight) is not nn.Parameter and hasattr(weight, "dequantize")
+
+
+def _quantized_here(module: nn.Module, name: str) -> bool:
+    return isinstance(module, nn.Linear) and not name.endswith("in_proj")
+
+
+def _torchao():
+    """torchao's quantization module, imported without its import-time notices (``IMPORT_LOGGERS``)."""
+    try:
+        with _quiet(IMPORT_LOGGERS):
+            import torchao.quantization as quantization
+    except ImportError as e:
+        raise QkvError(f"--int8 needs torchao (pip install torchao): {e}") from None
+    return quantization
 
 
 @contextlib.contextmanager
-def _deprecation_notices_silenced() -> Iterator[None]:
-    with warnings.catch_warnings():
-        for category, message in DEPRECATION_NOTICES:
-            warnings.filterwarnings("ignore", message=message, category=category)
+def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
         yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

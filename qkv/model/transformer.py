@@ -21,6 +21,7 @@ from qkv.model import incremental
 from qkv.model.attention import KVCache, MultiHeadAttention
 from qkv.model.config import ModelConfig
 from qkv.model.kernels import Linear, linear
+from qkv.model.quantize import is_int8
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
@@ -228,8 +229,8 @@ class OutputSubset:
         rows = self._rows.get(id(generator))
         if rows is None:
             weight, bias = generator.weight, generator.bias
-            if callable(weight):  # a dynamically quantized Linear: weight() and bias() are methods
-                weight, bias = weight().dequantize(), bias()
+            if is_int8(weight):  # an int8 generator (qkv.model.quantize): its rows run dequantized
+                weight = weight.dequantize()
             ids = self.ids.to(weight.device)
             rows = self._rows[id(generator)] = (weight[ids].to(x.dtype), None if bias is None else bias[ids].to(x.dtype))
         weight, bias = rows  # (B, U, D), (B, U); shared: (1, U, D), (1, U)
