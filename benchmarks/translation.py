@@ -60,6 +60,7 @@ from qkv.infer.bleu import score
 from qkv.infer.shortlist import build as build_shortlist, load as load_shortlist, save as save_shortlist
 from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec, write_vmap
 from qkv.model.bf16 import bf16_native
+from qkv.model import incremental
 from qkv.model.quantize import int8_model, int8_supported
 from qkv.infer.translator import Translator
 
@@ -69,12 +70,14 @@ BUDGETS = (512, 1024, 2048, 4096)  # source tokens per batch tried for qkv's and
 UNLIMITED = 10**9  # a Translator budget that keeps a given batch whole
 ENGINES = (("qkv", "float32"), ("qkv", "bfloat16"), ("qkv", "int8"), ("huggingface", "float32"), ("ctranslate2", "float32"), ("ctranslate2", "int8"),
            ("qkv", "float32+shortlist"), ("qkv", "int8+shortlist"), ("ctranslate2", "float32+vmap"), ("ctranslate2", "int8+vmap"),
-           ("qkv+ct2", "float32"), ("qkv+ct2", "int8"))
+           ("qkv+ct2", "float32"), ("qkv+ct2", "int8"), ("qkv", "float32+compiled"))
 # "qkv+ct2" is `qkv translate --engine ctranslate2` (qkv.interop.ct2_engine.CTranslate2Translator over this
 # run's export), in the own-settings table: what qkv adds around CTranslate2 used directly.
 # A "+shortlist" cell decodes with a shortlist built for this run (qkv.infer.shortlist, the default k and
 # frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
 # vocabulary map (use_vmap=True). Both run in the own-settings table only: they are each engine's options.
+# A "+compiled" cell is `qkv translate --compile` (qkv.model.incremental.compile_steps): its warm-up
+# compiles, so its times are the compiled step's steady state, not a short run's.
 OWN_ONLY = ("+shortlist", "+vmap")
 TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (engine, compute, beam)
     ("beam 5: qkv fp32 / CTranslate2 fp32", 1.0, ("qkv", "float32", 5), ("ctranslate2", "float32", 5)),
@@ -89,6 +92,9 @@ TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (
     ("beam 5: qkv --engine ctranslate2 / CTranslate2 fp32", 0.95, ("qkv+ct2", "float32", 5), ("ctranslate2", "float32", 5)),
     ("beam 5: qkv --engine ctranslate2 --int8 / CTranslate2 int8", 0.95, ("qkv+ct2", "int8", 5), ("ctranslate2", "int8", 5)),
     ("greedy: qkv --engine ctranslate2 / CTranslate2 fp32", 0.95, ("qkv+ct2", "float32", 1), ("ctranslate2", "float32", 1)),
+    ("beam 5: qkv fp32+compiled / CTranslate2 fp32", 1.0, ("qkv", "float32+compiled", 5), ("ctranslate2", "float32", 5)),
+    ("beam 5: qkv fp32+compiled / CTranslate2 int8", 0.8, ("qkv", "float32+compiled", 5), ("ctranslate2", "int8", 5)),
+    ("greedy: qkv fp32+compiled / CTranslate2 fp32", 1.0, ("qkv", "float32+compiled", 1), ("ctranslate2", "float32", 1)),
     ("beam 5: qkv fp32 / Hugging Face generate", 2.0, ("qkv", "float32", 5), ("huggingface", "float32", 5)),
 )
 
@@ -166,7 +172,7 @@ class _Engines:
         rows_of = lambda batch: [self.src_ids[i] for i in batch]  # noqa: E731
         if engine == "qkv":
             def one(batch):
-                translator = Translator(self.qkv_model[compute], self.tok, self.uniform(batch)[1], max_tokens=UNLIMITED,
+                translator = Translator(self.qkv_model[compute.split("+")[0]], self.tok, self.uniform(batch)[1], max_tokens=UNLIMITED,
                                         max_sentences=UNLIMITED)
                 return [h[0].tokens for h in translator.translate_ids(rows_of(batch))]
         elif engine == "huggingface":
@@ -222,7 +228,8 @@ class _Engines:
     def choose(self, engine: str, compute: str, sample: list[int], budgets: tuple[int, ...]) -> tuple[tuple[int, int, int], list[dict]]:
         """The fastest (budget, processes, threads each) of qkv's or CTranslate2's own settings on ``sample``
         (CTranslate2's processes are its ``inter_threads``, qkv's its decoding ``workers``)."""
-        layouts = [(1, self.threads)] + ([(self.threads, 1)] if self.threads > 1 else [])
+        several = self.threads > 1 and not compute.endswith("+compiled")  # a compiled step runs in one process
+        layouts = [(1, self.threads)] + ([(self.threads, 1)] if several else [])
         trials = []
         for inter, intra in layouts:
             for budget in budgets:
@@ -343,6 +350,8 @@ def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, eng
           budgets: tuple[int, ...], threads: int, repeats: int, ct2_dir: Path | None, table_file: Path) -> dict:
     """One cell of the tables, run in a process of its own: the warm-up, then ``repeats`` timed passes."""
     torch.set_num_threads(threads)
+    if compute.endswith("+compiled"):
+        incremental.compile_steps(True)
     loaded = checkpoint.load(checkpoint_dir)
     model, tok = loaded.model, loaded.tokenizer
     data = loaded.config.get("data", {})

@@ -134,13 +134,14 @@ def workers_arg(p: argparse.ArgumentParser) -> None:
                    help="search batches side by side in N processes of one thread each (CPU only; the translations "
                         "of one process with one thread; at most the CPUs this process may use: more workers of one "
                         "thread would only take turns). Default auto: one per CPU this process may use on the CPU, "
-                        "1 on a GPU; an input of one batch is searched in the command's own process")
+                        "1 on a GPU or with --compile; an input of one batch is searched in the command's own process")
 
 
 def resolve_workers(args: argparse.Namespace, device) -> int:
-    """``--workers``' count for a model on ``device``: auto is one per usable CPU on the CPU, 1 elsewhere."""
+    """``--workers``' count for a model on ``device``: auto is one per usable CPU on the CPU, 1 elsewhere
+    and with --compile (a compiled step runs in one process)."""
     if args.workers == "auto":
-        return usable_cpus() if device.type == "cpu" else 1
+        return usable_cpus() if device.type == "cpu" and not getattr(args, "compile", False) else 1
     return args.workers
 
 
@@ -156,8 +157,16 @@ def device_of(args: argparse.Namespace):
 
 def int8_arg(p: argparse.ArgumentParser) -> None:
     """The precision flags of the decoding commands: --int8 and --bf16."""
-    p.add_argument("--int8", action="store_true", help="int8 linear layers on the CPU: faster, an approximation (measured in docs/benchmarks.md)")
+    p.add_argument("--int8", action="store_true",
+                   help="int8 linear weights on the CPU (torchao): a quarter of fp32's weight memory, an approximation; "
+                        "its speed against fp32 is in docs/translation.md")
     bf16_arg(p)
+
+
+def compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decoder's step (torch.compile): the first batches wait a minute or two while it "
+                        "compiles, later steps run faster; for long inputs (docs/translation.md)")
 
 
 def bf16_arg(p: argparse.ArgumentParser) -> None:
@@ -211,7 +220,15 @@ def decoding_model(args: argparse.Namespace):
     ct2 = getattr(args, "engine", "qkv") == "ctranslate2"
     if ct2 and (args.bf16 or device_of(args).type != "cpu"):
         raise QkvError("--engine ctranslate2 runs on the CPU in float32 or int8: not with --bf16 or --device cuda")
+    if getattr(args, "compile", False) and (args.int8 or ct2):
+        raise QkvError("--compile compiles qkv's own float step: not with --int8 or --engine ctranslate2")
+    if getattr(args, "compile", False) and getattr(args, "workers", "auto") not in ("auto", 1):
+        raise QkvError("--compile runs the search in one process: not with --workers above 1")
     model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
+    if getattr(args, "compile", False):
+        from qkv.model import incremental
+
+        incremental.compile_steps(True)
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
     if hasattr(args, "workers"):

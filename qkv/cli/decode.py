@@ -10,7 +10,7 @@ from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.glossary import aligner, glossary_args, glossary_writer, load_glossary, term_summary
 from qkv.cli.common import (
-    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, precision_label, loop_guard_args, shortlist_arg,
+    decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, compile_arg, precision_label, loop_guard_args, shortlist_arg,
     engine_arg, text_args, text_options, translator_of, workers_arg, command,
 )
 
@@ -19,6 +19,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
     engine_arg(p)
     int8_arg(p)
+    compile_arg(p)
     shortlist_arg(p)
     device_arg(p)
     workers_arg(p)
@@ -88,6 +89,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
     engine_arg(p)
     int8_arg(p)
+    compile_arg(p)
     shortlist_arg(p)
     device_arg(p)
     workers_arg(p)

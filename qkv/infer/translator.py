@@ -17,6 +17,7 @@ from qkv.data.sentences import Line, TextOptions, prepare_line
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.shortlist import Shortlist
 from qkv.infer.workers import DecodingWorkers
+from qkv.model import incremental
 
 
 @dataclass
@@ -109,6 +110,10 @@ class Translator:
             raise QkvError(f"workers must be >= 1, got {workers}")
         if workers > 1 and model.device.type != "cpu":
             raise QkvError(f"decoding workers are for the CPU; the model is on {model.device} (use one worker)")
+        if workers > 1 and incremental.compiled():
+            # Forked after the parent compiled, a worker that meets a new shape waits on the parent's
+            # compile workers forever (seen: a benchmark cell hung at no CPU).
+            raise QkvError("compiled decoder steps run in one process: not with decoding workers (use one worker)")
         self.model = model.eval()
         self.tokenizer = tokenizer
         # None: the settings a loaded checkpoint recommends (the length penalty its run chose on validation), as qkv translate uses

@@ -45,9 +45,43 @@ def applies(model: nn.Module, tgt: Tensor, src_mask: Tensor, state: Any, need_we
     return state.sources_nonempty
 
 
+def compile_steps(on: bool = True) -> bool:
+    """Run ``decode_step`` compiled (``torch.compile`` with dynamic shapes: one set of graphs serves
+    every batch size, source length and position) from now on in this process, or eager again;
+    returns the previous setting. The first steps compile (a minute or two on two cores, less once
+    PyTorch's on-disk cache holds the graphs); docs/translation.md gives what it saves."""
+    global _compiled
+    previous = _compiled is not None
+    if on:
+        # Dynamo compiles a new graph where a guard fails: the caches' first step and growth, one beam
+        # or several. A val run of the preset's model met more than its default limit of 8, past which
+        # it would run the step eagerly and say so on stderr.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    _compiled = torch.compile(_step, dynamic=True) if on else None
+    return previous
+
+
+RECOMPILE_LIMIT = 32
+
+
+_compiled = None
+
+
+def compiled() -> bool:
+    """Whether ``decode_step`` runs compiled (``compile_steps``)."""
+    return _compiled is not None
+
+
 def decode_step(model: nn.Module, tgt: Tensor, memory: Tensor, src_mask: Tensor, state: Any) -> Tensor:
     """tgt: (R, 1) the newest token of each row; memory: (B, S, D) with R = B x G (G beams of a
-    sentence side by side); src_mask: (B, S). Returns the decoder's output (R, 1, D); the state advances."""
+    sentence side by side); src_mask: (B, S). Returns the decoder's output (R, 1, D); the state advances.
+    Compiled after ``compile_steps()``."""
+    if _compiled is not None and not torch.compiler.is_compiling():
+        return _compiled(model, tgt, memory, src_mask, state)
+    return _step(model, tgt, memory, src_mask, state)
+
+
+def _step(model: nn.Module, tgt: Tensor, memory: Tensor, src_mask: Tensor, state: Any) -> Tensor:
     x = model._embed(model.tgt_embed, tgt, state.position)  # (R, 1, D)
     bias = torch.zeros(src_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~src_mask, float("-inf"))
     bias = bias[:, None, None, :]  # (B, 1, 1, S), added to (B, H, G, S) scores

@@ -163,8 +163,9 @@ def _use_onednn(x: Tensor, weight: Tensor) -> bool:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x W^T + b, like ``F.linear``: (..., in) -> (..., out). oneDNN computes it (and its input
-    gradient) for fp32 on the CPU where this PyTorch has it and the product is large enough."""
-    if not _use_onednn(x, weight):
+    gradient) for fp32 on the CPU where this PyTorch has it and the product is large enough. Inside
+    ``torch.compile`` (a compiled decoder step) it is ``F.linear``, which the compiler lowers itself."""
+    if torch.compiler.is_compiling() or not _use_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return (_BF16Linear if _bf16_products else _OneDNNLinear).apply(x, weight, bias)
