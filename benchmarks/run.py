@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(d) decode-step sweeps (default 9); smoke: 2 (d: 3)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: PyTorch's default)")
     parser.add_argument("--engines", help="(c): comma-separated engine:compute cells to run, e.g. qkv:float32,qkv:bfloat16 "
-                                          "(default: all)")
+                                          "(default: all but qkv:float32+compiled, which compiles for a minute or more in each cell)")
     parser.add_argument("--sentences", type=int, default=0, help="(c): the first N sentences of test_2016_flickr (default: all)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -77,7 +77,9 @@ ENGINES = (("qkv", "float32"), ("qkv", "bfloat16"), ("qkv", "int8"), ("huggingfa
 # frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
 # vocabulary map (use_vmap=True). Both run in the own-settings table only: they are each engine's options.
 # A "+compiled" cell is `qkv translate --compile` (qkv.model.incremental.compile_steps): its warm-up
-# compiles, so its times are the compiled step's steady state, not a short run's.
+# compiles, so its times are the compiled step's steady state, not a short run's. It compiles for a
+# minute or more in each of its cells, so it runs only when --engines names it.
+ASKED_ONLY = ("+compiled",)
 OWN_ONLY = ("+shortlist", "+vmap")
 TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (engine, compute, beam)
     ("beam 5: qkv fp32 / CTranslate2 fp32", 1.0, ("qkv", "float32", 5), ("ctranslate2", "float32", 5)),
@@ -295,7 +297,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         log(f"translation: {name} skipped ({reason})")
     runs_on = lambda e: "ctranslate2" if e == "qkv+ct2" else e  # noqa: E731  what a cell needs installed
     engines = [(e, c) for e, c in ENGINES if runs_on(e) not in missing and f"{runs_on(e)} {c.split('+')[0]}" not in missing
-               and (not engines or f"{e}:{c}" in engines)]
+               and (f"{e}:{c}" in engines if engines else not c.endswith(ASKED_ONLY))]
     src_ids = [Translator(model, tok).encode(s) for s in sources]
     batches = same_batches(src_ids, batch_size)
     rows, choices = [], []

@@ -40,7 +40,9 @@ def test_compiled_steps_search_exactly_as_the_eager_steps(compiled):
         for b, f in zip(eager, fast):  # the same scores, to float rounding (greedy: none, NaN)
             assert torch.allclose(torch.tensor([h.score for hs in b for h in hs]), torch.tensor([h.score for hs in f for h in hs]), atol=1e-4, equal_nan=True)
     # dynamic shapes: every batch size, source length and position shares a few graphs
-    assert 0 < compiled["stats"]["unique_graphs"] <= 8
+    # (10 here: the caches' first step and growth, one beam or several), all under the limit past
+    # which Dynamo would run a step eagerly
+    assert 0 < compiled["stats"]["unique_graphs"] <= 16 < incremental.RECOMPILE_LIMIT
 
 
 def test_compile_refuses_int8_ctranslate2_and_workers_in_one_line(random_checkpoint, tmp_path):
