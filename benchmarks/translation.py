@@ -77,8 +77,9 @@ ENGINES = (("qkv", "float32"), ("qkv", "bfloat16"), ("qkv", "int8"), ("huggingfa
 # frequent pieces, from the checkpoint's Multi30k training pairs); "+vmap" the same table as CTranslate2's
 # vocabulary map (use_vmap=True). Both run in the own-settings table only: they are each engine's options.
 # A "+compiled" cell is `qkv translate --compile` (qkv.model.incremental.compile_steps): its warm-up
-# compiles, so its times are the compiled step's steady state, not a short run's. It compiles for a
-# minute or more in each of its cells, so it runs only when --engines names it.
+# compiles the shapes it meets, so its times leave out most of a run's compiling (a timed pass that
+# meets a new shape compiles it, which the min-max shows). It compiles for a minute or more in each
+# of its cells, so it runs only when --engines names it.
 ASKED_ONLY = ("+compiled",)
 OWN_ONLY = ("+shortlist", "+vmap")
 TARGETS = (  # issues 21 and 36: (name, goal, numerator, denominator), each an (engine, compute, beam)

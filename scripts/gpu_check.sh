@@ -7,8 +7,16 @@
 #
 # Each step runs whatever happened to the one before it; OUT_DIR/summary.txt has one line per step
 # (exit status and seconds) and OUT_DIR/STEP.log its output. The trained checkpoint comes back as
-# OUT_DIR/en-de-gpu.tar. docs/distributed.md says what this has run on and what it found.
+# OUT_DIR/en-de-gpu.tar; OUT_DIR must be new or empty. docs/distributed.md says what this has run on and what it found.
 set -u
+if [ $# -lt 2 ] || [ ! -d "$1" ]; then
+    echo "usage: $0 MULTI30K_DIR OUT_DIR [TRAIN_SECONDS] (MULTI30K_DIR: a directory of Multi30k's .gz files)" >&2
+    exit 2
+fi
+if [ -e "$2" ] && [ -n "$(ls -A "$2")" ]; then  # its files have fixed names: never write over someone's
+    echo "$0: OUT_DIR $2 is not empty: give a new or empty directory" >&2
+    exit 2
+fi
 DATA=$1 OUT=$2 BUDGET=${3:-120}  # seconds of training
 PY=${PYTHON:-python3}
 RUN=$(mktemp -d)/en-de

@@ -165,8 +165,9 @@ def int8_arg(p: argparse.ArgumentParser) -> None:
 
 def compile_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
-                   help="compile the decoder's step (torch.compile): the first batches wait a minute or two while it "
-                        "compiles, later steps run faster; for long inputs (docs/translation.md)")
+                   help="compile the decoder's step (torch.compile): the first batches wait about a minute while it "
+                        "compiles (three the first time on a machine), later steps run faster; for long inputs "
+                        "(docs/translation.md)")
 
 
 def bf16_arg(p: argparse.ArgumentParser) -> None:
@@ -220,12 +221,13 @@ def decoding_model(args: argparse.Namespace):
     ct2 = getattr(args, "engine", "qkv") == "ctranslate2"
     if ct2 and (args.bf16 or device_of(args).type != "cpu"):
         raise QkvError("--engine ctranslate2 runs on the CPU in float32 or int8: not with --bf16 or --device cuda")
-    if getattr(args, "compile", False) and (args.int8 or ct2):
+    compiled = getattr(args, "compile", False)
+    if compiled and (args.int8 or ct2):
         raise QkvError("--compile compiles qkv's own float step: not with --int8 or --engine ctranslate2")
-    if getattr(args, "compile", False) and getattr(args, "workers", "auto") not in ("auto", 1):
+    if compiled and getattr(args, "workers", "auto") not in ("auto", 1):
         raise QkvError("--compile runs the search in one process: not with --workers above 1")
     model, tokenizer = load_ensemble(args.checkpoint, device=int8_device(args))
-    if getattr(args, "compile", False):
+    if compiled:
         from qkv.model import incremental
 
         incremental.compile_steps(True)

@@ -45,11 +45,17 @@ def applies(model: nn.Module, tgt: Tensor, src_mask: Tensor, state: Any, need_we
     return state.sources_nonempty
 
 
+# Graphs Dynamo may compile for the step before it runs it eagerly (its own default is 8).
+RECOMPILE_LIMIT = 32
+_compiled = None  # the compiled ``_step`` after ``compile_steps()``, else None
+
+
 def compile_steps(on: bool = True) -> bool:
     """Run ``decode_step`` compiled (``torch.compile`` with dynamic shapes: one set of graphs serves
     every batch size, source length and position) from now on in this process, or eager again;
-    returns the previous setting. The first steps compile (a minute or two on two cores, less once
-    PyTorch's on-disk cache holds the graphs); docs/translation.md gives what it saves."""
+    returns the previous setting. The first steps compile (about a minute a run on two cores once
+    PyTorch's on-disk cache holds the graphs, three the first time); docs/translation.md gives what
+    it saves."""
     global _compiled
     previous = _compiled is not None
     if on:
@@ -59,12 +65,6 @@ def compile_steps(on: bool = True) -> bool:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     _compiled = torch.compile(_step, dynamic=True) if on else None
     return previous
-
-
-RECOMPILE_LIMIT = 32
-
-
-_compiled = None
 
 
 def compiled() -> bool:

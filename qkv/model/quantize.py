@@ -5,8 +5,8 @@ Each weight is quantized once, symmetrically per output row (channel), through t
 ``torch.ao.quantization`` is deprecated. Activations stay in the model's float type: the product runs
 on PyTorch's int8-weight CPU kernel (``_weight_int8pack_mm``), which reads a quarter of fp32's weight
 bytes. torchao's other CPU mode, int8 activations too (``Int8DynamicActivationInt8WeightConfig``),
-decoded at a third of fp32's speed in eager PyTorch here, and the deprecated dynamic quantization
-qkv used before at about fp32's (docs/translation.md gives the measurement). The result approximates
+decoded at 0.62x fp32's speed in eager PyTorch here, and the deprecated dynamic quantization qkv
+used before at 1.01x (Multi30k val; docs/translation.md gives the measurement). The result approximates
 the fp32 model: its BLEU cost is measured in docs/benchmarks.md, never assumed.
 
 Left in fp32: the embeddings, the layer norms, and each attention's stacked input projection
@@ -58,7 +58,8 @@ def int8_model(model: M) -> M:
 
 
 def is_int8(weight: Tensor) -> bool:
-    """Whether ``weight`` is one ``int8_model`` made (a torchao tensor, which ``dequantize()`` restores)."""
+    """Whether ``weight`` is one ``int8_model`` made (a torchao tensor, which ``dequantize()`` restores).
+    Every tensor has a ``dequantize`` method; a plain tensor or parameter is not int8."""
     return type(weight) is not torch.Tensor and type(weight) is not nn.Parameter and hasattr(weight, "dequantize")
 
 
