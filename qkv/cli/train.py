@@ -158,6 +158,8 @@ def _train(args: argparse.Namespace, ctx) -> int:
         where += {"autocast": ", bf16 autocast", "output layer": ", output layer and loss in bf16",
                   "linear and output layers": ", linear layers, output layer and loss in bf16", None: ""}[trainer.bf16_mode]
         print(f"training {trainer.model.num_parameters():,} parameters on {len(trainer.train_ids.src_ids):,} pairs {where} -> {trainer.run_dir}", file=sys.stderr)
+        if notice := data_caps_notice(trainer.data_cfg, trainer.train_cfg):
+            print(notice, file=sys.stderr)
     try:
         result = trainer.run(progress=not args.no_progress)
     except StopRequested as stop:
@@ -174,6 +176,17 @@ def _train(args: argparse.Namespace, ctx) -> int:
     print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
     print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
     return 0
+
+
+def data_caps_notice(data, train) -> str | None:
+    """One line saying that the run reads only part of its data (``train_limit``/``valid_limit``, which
+    the test preset ``tiny`` sets, with its small vocabulary and step count); None when nothing is capped."""
+    if not (data.train_limit or data.valid_limit):
+        return None
+    capped = " and ".join(f"the first {n:,} {kind} pairs" for n, kind in ((data.train_limit, "training"), (data.valid_limit, "validation")) if n)
+    steps = f" and stops after {train.max_steps:,} steps" if train.max_steps else ""
+    return (f"note: this run reads only {capped} (train_limit={data.train_limit}, valid_limit={data.valid_limit}), "
+            f"with a {data.vocab_size:,}-piece vocabulary{steps}; --data train_limit=0 valid_limit=0 reads all")
 
 
 def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | None = None) -> None:

@@ -437,3 +437,21 @@ def test_case_augmentation_draws_each_epochs_recased_pairs_from_the_seed(tmp_pat
     assert Trainer(tmp_path / "again", model, train, data).epoch_ids(1) == second  # from the seed and epoch alone
     with pytest.raises(ConfigError, match="case_augment applies to text corpora"):
         dataclasses.replace(data, corpus="prepared", data_dir=str(tmp_path))
+
+
+def test_a_preset_that_caps_the_data_says_so_when_the_run_starts(tmp_path, dates_tsv, capsys):
+    """--preset tiny reads only the first 500 training and 50 validation pairs: the run says so on
+    stderr, with the vocabulary and step count it keeps small; a recipe without caps says nothing."""
+    from qkv.cli.main import main
+    from qkv.cli.train import data_caps_notice
+
+    assert main(["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--out", str(tmp_path / "capped"),
+                 "--max-steps", "2", "--no-progress"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: this run reads only the first 500 training pairs and the first 50 validation pairs "
+                     "(train_limit=500, valid_limit=50), with a 200-piece vocabulary and stops after 2 steps; "
+                     "--data train_limit=0 valid_limit=0 reads all"]
+    _, train, data = build_configs("tiny", model={}, train={}, data={"train_limit": 0, "valid_limit": 0})
+    assert data_caps_notice(data, train) is None
+    _, train, data = build_configs("multi30k", model={}, train={}, data={})
+    assert data_caps_notice(data, train) is None
