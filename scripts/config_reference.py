@@ -105,7 +105,8 @@ def render() -> str:
         "Where keys are set: `qkv train --model KEY=VALUE ...`, `--train KEY=VALUE ...`, `--data KEY=VALUE ...` "
         "(also `qkv distill`, for the student), or the `[model]`, `[train]` and `[data]` tables of a "
         "`qkv train --config FILE.toml` ([training.md](training.md#config-files)); a preset sets some of them "
-        "first. The `[decode]` keys are set by the decoding commands' flags (`--beam` is `beam_size`, "
+        "first. A flag may be given more than once: `--data vocab_size=1000 --data case_augment=0.1` sets both "
+        "keys, and a key given twice with two different values is a one-line error. The `[decode]` keys are set by the decoding commands' flags (`--beam` is `beam_size`, "
         "`--length-penalty` is `length_penalty`, ...) and by `qkv.DecodeConfig` in Python; a run saves the "
         "length penalty it chose in `final/config.json`. Every checkpoint's `config.json` holds its `model`, "
         "`train` and `data` tables.",

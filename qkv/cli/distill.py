@@ -35,9 +35,9 @@ def _distill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-score", type=float, help="drop distilled pairs the teacher scored below this (length-normalised log-probability)")
     p.add_argument("--mix-original", action="store_true", help="also train the student on the original pairs")
     p.add_argument("--preset", default="multi30k", help="the student's training recipe (default multi30k; qkv train --preset)")
-    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="the student's model config, e.g. n_decoder_layers=1")
-    p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="the student's training config overrides")
-    p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="the student's data config overrides, e.g. vocab_size=8000")
+    p.add_argument("--model", nargs="*", action="extend", metavar="KEY=VALUE", help="the student's model config, e.g. n_decoder_layers=1 (repeatable)")
+    p.add_argument("--train", nargs="*", action="extend", metavar="KEY=VALUE", help="the student's training config overrides (repeatable)")
+    p.add_argument("--data", nargs="*", action="extend", metavar="KEY=VALUE", help="the student's data config overrides, e.g. vocab_size=8000 (repeatable)")
     p.add_argument("--max-steps", type=int, help="the student's updates")
     p.add_argument("--time-budget", type=parse_duration, help="train the student for about this long (e.g. 60m)")
     p.add_argument("--seed", type=int, dest="student_seed", help="the student's seed")
@@ -111,12 +111,12 @@ def distill(args: argparse.Namespace) -> int:
 
     search = decode_config(args)
     filtering = lib.Filtering(min_score=args.min_score, mix_original=args.mix_original)
-    student_train = parse_overrides(args.train)
+    student_train = parse_overrides(args.train, "--train")
     for key, value in (("max_steps", args.max_steps), ("time_budget", args.time_budget), ("seed", args.student_seed)):
         if value is not None:
             student_train[key] = value
-    student_data = {**parse_overrides(args.data), "src_lang": src_lang, "tgt_lang": tgt_lang}
-    student_model = parse_overrides(args.model)
+    student_data = {**parse_overrides(args.data, "--data"), "src_lang": src_lang, "tgt_lang": tgt_lang}
+    student_model = parse_overrides(args.model, "--model")
     build_configs(args.preset, model=student_model, train=student_train, data=student_data)  # a bad key: now
     settings = {
         "qkv_distill": 1, "decode": asdict(search), "int8": args.int8, "device": str(model.device), "part_size": args.part_size,

@@ -40,9 +40,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-steps", type=int, help="stop after this many updates")
     p.add_argument("--seed", type=int)
-    p.add_argument("--model", nargs="*", metavar="KEY=VALUE", help="model config overrides, e.g. norm_first=true")
-    p.add_argument("--train", nargs="*", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3")
-    p.add_argument("--data", nargs="*", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000")
+    p.add_argument("--model", nargs="*", action="extend", metavar="KEY=VALUE", help="model config overrides, e.g. norm_first=true (repeatable)")
+    p.add_argument("--train", nargs="*", action="extend", metavar="KEY=VALUE", help="training config overrides, e.g. lr=1e-3 (repeatable)")
+    p.add_argument("--data", nargs="*", action="extend", metavar="KEY=VALUE", help="data config overrides, e.g. vocab_size=8000 (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs still go to log.jsonl)")
     p.add_argument("--tensorboard", metavar="DIR", help="also write losses, learning rate, throughput and validation scores as TensorBoard scalars to DIR (needs the tensorboard package)")
     p.add_argument("--device", default="auto", help="auto (the first GPU if PyTorch sees one, else the CPU), cpu, cuda or cuda:N; under torchrun each process uses its rank's device")
@@ -88,14 +88,14 @@ def _train(args: argparse.Namespace, ctx) -> int:
         run = args.resume or args.out
         check_apart(args.tensorboard, [*read_dirs([args.init_from]), *(run_entries(Path(run)) if run else [])],
                     flag="--tensorboard", replaced=False)
-    train_overrides = parse_overrides(args.train)
+    train_overrides = parse_overrides(args.train, "--train")
     for key, value in [
         ("time_budget", args.time_budget), ("max_steps", args.max_steps), ("seed", args.seed),
         ("accumulate", args.accumulate), ("bf16", args.bf16 or None),
     ]:
         if value is not None:
             train_overrides[key] = value
-    data = parse_overrides(args.data)
+    data = parse_overrides(args.data, "--data")
     for key, value in [
         ("src_lang", args.src), ("tgt_lang", args.tgt), ("data_dir", args.data_dir),
         ("train_src", args.train_src), ("train_tgt", args.train_tgt),
@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
         if ignored:
             raise QkvError(f"--resume continues the run as it was configured: leave out {', '.join(ignored)}")
         if args.preset or args.model or data:  # the command that started the run, say: it must agree with it
-            model = parse_overrides(args.model)
+            model = parse_overrides(args.model, "--model")
             configs = build_configs(args.preset or "multi30k", model=model, train={}, data=data)
             given = None if args.preset else {"model": set(model), "data": set(data)}  # a preset sets every key
             _check_resume_agrees(args.resume, configs[0], resolved_paths(configs[2]), given=given)  # paths as the run records them
@@ -127,7 +127,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
             check_apart(args.out, read_dirs([args.init_from]))
         file = read_config_file(args.config) if args.config else {}
         preset = args.preset or file.get("preset", "multi30k")
-        model = {**file.get("model", {}), **parse_overrides(args.model)}
+        model = {**file.get("model", {}), **parse_overrides(args.model, "--model")}
         parent = checkpoint.load(args.init_from) if args.init_from else None
         with warnings.catch_warnings(record=True) as said:  # what is known of the data's languages, said once the run starts
             warnings.simplefilter("always", LanguageWarning)

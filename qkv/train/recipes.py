@@ -330,17 +330,24 @@ def parse_duration(text: str) -> float:
         raise ConfigError(f"cannot read duration {text!r}: use for example 90s, 45m or 1.5h") from None
 
 
-def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
-    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings."""
-    out = {}
+def parse_overrides(pairs: list[str] | None, flag: str = "") -> dict[str, Any]:
+    """KEY=VALUE strings -> dict; values are read as JSON when they parse (numbers, true, null), else strings.
+    ``pairs`` holds every KEY=VALUE of a repeated flag (``--data a=1 --data b=2`` sets both); a key given
+    twice with two different values is a ConfigError naming ``flag`` (the same value twice is one)."""
+    out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep:
             raise ConfigError(f"expected KEY=VALUE, got {pair!r}")
+        key = key.strip().replace("-", "_")
         try:
-            out[key.strip().replace("-", "_")] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip().replace("-", "_")] = value
+            parsed = value
+        if key in out and (out[key] != parsed or type(out[key]) is not type(parsed)):
+            raise ConfigError(f"{key} is given twice{' to ' + flag if flag else ''} "
+                              f"({json.dumps(out[key])} and {json.dumps(parsed)}): give it once")
+        out[key] = parsed
     return out
 
 

@@ -231,3 +231,21 @@ def test_a_checkpoint_config_of_the_wrong_type_is_a_one_line_error(saved, change
     with pytest.raises(ValueError) as error:
         checkpoint.load(saved)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_repeated_override_flag_adds_its_keys_to_the_first_ones(capsys):
+    """`--data vocab_size=1000 train_limit=8000 --data case_augment=0.1` keeps all three keys (argparse
+    used to keep only the last flag's, training on the defaults without a word); so do --model and --train."""
+    code, out, err = run_cli(capsys, "--preset", "tiny", "--data", "vocab_size=1000", "train_limit=8000",
+                             "--data", "case_augment=0.1", "--model", "d_model=64", "--model", "n_heads=2",
+                             "--train", "lr=0.001", "--train", "warmup_steps=7")
+    assert code == 0, err
+    for line in ("vocab_size = 1000", "train_limit = 8000", "case_augment = 0.1", "d_model = 64", "n_heads = 2",
+                 "lr = 0.001", "warmup_steps = 7"):
+        assert line in out.splitlines(), line
+    # the same key twice: with one value it is one setting, with two values one line naming the flag
+    code, out, _ = run_cli(capsys, "--preset", "tiny", "--data", "vocab_size=1000", "--data", "vocab_size=1000")
+    assert code == 0 and "vocab_size = 1000" in out.splitlines()
+    code, out, err = run_cli(capsys, "--preset", "tiny", "--data", "vocab_size=1000", "--data", "vocab_size=2000")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "vocab_size is given twice to --data (1000 and 2000): give it once" in err
