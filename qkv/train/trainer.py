@@ -91,8 +91,9 @@ class Trainer:
         ``start_over=True``, and a directory holding anything else is refused (QkvError). ``_checked``:
         the caller has made or checked ``run_dir`` itself (``Trainer.resume``; the demo, which puts its
         tokenizer there first).
-        ``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data,
-        the tokenizer, the TensorBoard writer and the model have been made, so that a setting that fails
+        ``start_over``: delete what qkv wrote in ``run_dir`` (``--overwrite``), but only once the data
+        (with ``term_share``, its pseudo-terms file too), the tokenizer, the TensorBoard writer and the
+        model have been made, so that a setting that fails
         costs the old run nothing; ``self.deleted`` names what went.
         ``device``: where a single process trains (default: the first GPU if there is one, else the
         CPU); under torchrun each process takes the device its rank was given. ``tensorboard``: a
@@ -114,10 +115,14 @@ class Trainer:
             cpu.tune_allocator()
         kernels.prefer_onednn(train.onednn)  # process-wide too (qkv.model.kernels)
         # Everything that can fail on the user's settings comes before --overwrite deletes the old run:
-        # the data, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
+        # the data and its pseudo-terms, the tokenizer (trained aside), the TensorBoard writer and the model's memory.
         prepared = load_prepared(data.data_dir) if data.corpus == "prepared" else None  # arrays mapped, not read
         self.train_data, self.valid_data = (prepared, prepared.validation(data.valid_limit)) if prepared else load_corpora(data)
         self.sources = data_sources(data)  # what --resume compares: each file's path, size and SHA-256
+        # term_share's pseudo-terms (qkv.data.term_annotation): a file that is unreadable, malformed or made
+        # from other pairs fails here, not at the first batch after the old run was cleared.
+        self._pseudo_terms = (read_pseudo_terms(data.term_file, self.train_data.src, self.train_data.tgt)
+                              if data.term_share else None)
         main = self.dist.is_main
         tokenizer_path = self.run_dir / checkpoint.TOKENIZER
         tokenizer, new_tokenizer = run_tokenizer(self.run_dir, data.vocab_size, train.seed, self.train_data, init_from=init_from,
@@ -166,7 +171,6 @@ class Trainer:
             weight_decay=train.weight_decay, **adam_kernel(train.adam)
         )
         self._sampled: tuple[int, EncodedCorpus] | None = None  # the epoch whose segmentation was drawn last
-        self._pseudo_terms: list | None = None  # with term_share: qkv pseudo-terms' file, read at the first epoch
         self.step, self.epoch, self.position = 0, 0, 0
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self.best_bleu, self.bad_evals = -1.0, 0
@@ -291,9 +295,7 @@ class Trainer:
             if recase:  # this epoch's share of pairs in capitals or Title Case (qkv.data.sentences.case_augmented)
                 src, tgt = case_augmented(data.src, data.tgt, recase, seed)
                 data = replace(data, src=src, tgt=tgt)
-            if terms:  # this epoch's share of pairs with pseudo-terms written inline (qkv.data.term_annotation)
-                if self._pseudo_terms is None:
-                    self._pseudo_terms = read_pseudo_terms(self.data_cfg.term_file, self.train_data.src, self.train_data.tgt)
+            if terms:  # this epoch's share of pairs with pseudo-terms written inline (read in __init__)
                 data = replace(data, src=annotated(data.src, self._pseudo_terms, terms, seed))
             self._sampled = (epoch, encode_corpus(self.tokenizer, data, self.max_len, dropout=dropout, seed=seed))
         return self._sampled[1]

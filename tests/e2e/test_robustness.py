@@ -498,6 +498,8 @@ def test_a_directory_holding_a_users_own_tokenizer_is_not_a_run(small_run, tmp_p
     ["--tensorboard", "FILE"],  # the writer cannot be made
     ["--model", "d_ff=1099511627776"],  # the model cannot be allocated (128 TiB)
     ["--model", "max_len=1"],  # the pairs cannot be encoded (no room for a token)
+    ["--data", "term_share=0.3", "term_file=TERMS"],  # pseudo-terms of other pairs (read at the first batch, after the clearing)
+    ["--data", "term_share=0.3", "term_file=FILE"],  # not a pseudo-terms file at all
 ])
 def test_overwrite_deletes_nothing_when_a_later_step_fails(small_run, tmp_path, dates_tsv, mistake):
     pytest.importorskip("tensorboard")
@@ -505,8 +507,12 @@ def test_overwrite_deletes_nothing_when_a_later_step_fails(small_run, tmp_path, 
     shutil.copytree(small_run, run)
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory\n")
+    terms = tmp_path / "terms.jsonl"
+    terms.write_text('["0123456789abcdef", [[0, "Mann"]]]\n')  # a well-formed line for a pair this run does not have
     before = snapshot(run)
-    result = qkv(*train_args(dates_tsv, run, "--overwrite"), *[str(a_file) if m == "FILE" else m for m in mistake])
+    given = {"FILE": a_file, "TERMS": terms}  # a flag's value, or a key's after its "="
+    filled = [str(given[m]) if m in given else m.replace("=FILE", f"={a_file}").replace("=TERMS", f"={terms}") for m in mistake]
+    result = qkv(*train_args(dates_tsv, run, "--overwrite"), *filled)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     assert snapshot(run) == before  # the old run is whole: the user has it still
 
