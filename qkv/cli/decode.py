@@ -49,14 +49,15 @@ def translate(args: argparse.Namespace) -> int:
 
     from qkv.cli.inspect import trace_paths, write_trace
 
-    # Before loading anything: -o never truncates the input, a file the user has, or the checkpoint.
-    reads = read_dirs(args.checkpoint)
+    # Before loading anything: -o never truncates a file the command reads (the input, the glossary),
+    # a file the user has, or the checkpoint.
+    inputs, reads = (args.input, args.glossary), read_dirs(args.checkpoint)
     if args.output:
-        check_output(args.output, force=args.force, inputs=(args.input,), reads=reads)
+        check_output(args.output, force=args.force, inputs=inputs, reads=reads)
     if args.trace and not args.input:
         raise QkvError("--trace traces the first line of --input FILE: give one")
     for path in trace_paths(args.trace):
-        check_output(path, force=args.force, inputs=(args.input,), reads=reads)
+        check_output(path, force=args.force, inputs=inputs, reads=reads)
     if args.confidence and (args.n_best > 1 or args.sampling):
         raise QkvError("--confidence judges the one translation of each line: not with --n-best or --sampling")
     glossary = load_glossary(args)
@@ -78,7 +79,7 @@ def translate(args: argparse.Namespace) -> int:
             print(f"beam trace of line 1: {', '.join(map(str, written))}", file=sys.stderr)
             source = itertools.chain([first] if first else [], source)
         # The output file appears, whole, when the last line is translated.
-        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=(args.input,), reads=reads))
+        sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
         write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
         translate_stream(translator, source, sink, name=name, n_best=args.n_best, annotate=annotate, write=write)
@@ -113,14 +114,15 @@ def evaluate(args: argparse.Namespace) -> int:
     import time
 
     from qkv.io import checkpoint
-    from qkv.data.corpus import load_multi30k, read_parallel
+    from qkv.data.corpus import load_multi30k, multi30k_dir, read_parallel
     from qkv.infer.bleu import format_scores, score
     from qkv.io.outputs import check_output, output_file, read_dirs
     from qkv.infer.testset import MULTI30K_TEST, check_test_files, multi30k_pair
 
-    reads = read_dirs(args.checkpoint)
+    # --save never replaces a file the command reads: source, references, glossary (below: the Multi30k split's files).
+    inputs, reads = (args.src_file, args.ref_file, args.glossary), read_dirs(args.checkpoint)
     if args.save:
-        check_output(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads)
+        check_output(args.save, force=args.force, inputs=inputs, reads=reads)
     # What the (first) checkpoint was trained on decides which test sets fit it, before any model is loaded.
     config = checkpoint.read_config(args.checkpoint[0])
     if args.src_file or args.ref_file:
@@ -129,14 +131,18 @@ def evaluate(args: argparse.Namespace) -> int:
         check_test_files(config, args.checkpoint[0], args.src_file, args.ref_file)
     else:
         src, tgt = multi30k_pair(config, args.checkpoint[0], split=args.split)
+        data = config.get("data") or {}
+        data_dir = args.data_dir or (data.get("data_dir") if data.get("corpus") == "multi30k" else None)
+        directory = multi30k_dir(data_dir)
+        inputs += tuple(directory / f"{args.split or MULTI30K_TEST}.{lang}.gz" for lang in (src, tgt))
+        if args.save:
+            check_output(args.save, force=args.force, inputs=inputs, reads=reads)
     glossary = load_glossary(args)
     model, tokenizer = decoding_model(args)
     if args.src_file:
         corpus = read_parallel(args.src_file, args.ref_file, keep_empty=True)  # line N in is line N out
     else:
-        data = config.get("data") or {}
-        corpus = load_multi30k(args.split or MULTI30K_TEST, src, tgt,
-                               args.data_dir or (data.get("data_dir") if data.get("corpus") == "multi30k" else None))
+        corpus = load_multi30k(args.split or MULTI30K_TEST, src, tgt, data_dir)
     started = time.perf_counter()
     shortlist = decoding_shortlist(args, model)
     with translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
@@ -150,7 +156,7 @@ def evaluate(args: argparse.Namespace) -> int:
             hypotheses = [r.text for r in results]
     seconds = time.perf_counter() - started
     if args.save:
-        with output_file(args.save, force=args.force, inputs=(args.src_file, args.ref_file), reads=reads) as handle:
+        with output_file(args.save, force=args.force, inputs=inputs, reads=reads) as handle:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
     workers = f", {args.workers} workers" if args.workers > 1 else ""

@@ -96,8 +96,8 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
     from qkv.data.term_annotation import pair_key
     from qkv.inspect.terms import pseudo_terms
 
-    reads = read_dirs([args.checkpoint])
-    check_output(args.out, force=args.force, inputs=(args.train_src, args.train_tgt), reads=reads)
+    inputs, reads = (args.train_src, args.train_tgt), read_dirs([args.checkpoint])
+    check_output(args.out, force=args.force, inputs=inputs, reads=reads)
     if bool(args.train_src) != bool(args.train_tgt):
         raise QkvError("give both --train-src and --train-tgt (or neither: the checkpoint's own training data)")
     loaded = checkpoint.load(args.checkpoint)
@@ -110,7 +110,7 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
         import dataclasses
 
         from qkv.model.config import ConfigError, config_from_dict
-        from qkv.train.recipes import DataConfig, load_corpora
+        from qkv.train.recipes import DataConfig, data_files, load_corpora
 
         try:
             data = config_from_dict(DataConfig, loaded.config.get("data") or {})
@@ -120,11 +120,13 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
             raise QkvError("a prepared corpus holds token ids, not text: give --train-src and --train-tgt")
         if args.data_dir:
             data = dataclasses.replace(data, data_dir=args.data_dir)
+        inputs = tuple(data_files(data).values())  # --out never replaces the training data it reads
+        check_output(args.out, force=args.force, inputs=inputs, reads=reads)
         train, _ = load_corpora(data)
         sources, targets = train.src, train.tgt
     started = time.perf_counter()
     found = pseudo_terms(loaded.model, loaded.tokenizer, sources, targets)
-    with output_file(args.out, force=args.force, inputs=(args.train_src, args.train_tgt), reads=reads) as handle:
+    with output_file(args.out, force=args.force, inputs=inputs, reads=reads) as handle:
         handle.writelines(json.dumps([pair_key(s, t), [[i, w] for i, w in terms]], ensure_ascii=False) + "\n"
                           for s, t, terms in zip(sources, targets, found))
     with_terms = sum(bool(t) for t in found)

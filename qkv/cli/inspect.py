@@ -137,13 +137,16 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
     p.add_argument("--reference", "-r", help="target sentences to align with (default: the model's own translations)")
     p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
-    p.add_argument("--method", choices=["attention", "norm", "alti"], default="norm",
-                   help="what aligns: the cross-attention weights, the norms of what each source token adds "
-                        "(default), or ALTI+ contributions rolled out through the model")
+    p.add_argument("--method", choices=["attention", "norm", "alti"],
+                   help="what aligns: the cross-attention weights, the norms of what each source token adds, or "
+                        "ALTI+ contributions rolled out through the model (default: a model trained with guided "
+                        "alignment is read at its alignment head; any other by value norms)")
     p.add_argument("--read", choices=["input", "predict"], default="predict",
                    help="read a target word where it is predicted (default) or where it is the decoder's input")
-    p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the middle one, n // 2 of n; 1 of 1)")
-    p.add_argument("--head", type=int, help="one head, 1-based (default: the mean of the heads; not with --method alti)")
+    p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the alignment head's; else the middle "
+                                              "one, n // 2 of n; 1 of 1)")
+    p.add_argument("--head", type=int, help="one head, 1-based (default: the alignment head; else the mean of the heads; "
+                                             "not with --method alti)")
     p.add_argument("--pieces", action="store_true", help="align subword pieces (indices of the SentencePiece pieces, "
                                                         "EOS left out) instead of whitespace words")
     p.add_argument("--gold", help="a gold alignment file (one line a pair, i-j sure and ipj possible links, "
@@ -214,7 +217,7 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
 def attend(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
     from qkv.io.outputs import check_output, output_file, read_dirs
-    from qkv.inspect.align import default_layer
+    from qkv.inspect.align import default_reading
     from qkv.inspect.trust import assess, calibration_of
     from qkv.inspect.visualize import align_words, capture_attention, group_words, plot_attention, write_html
 
@@ -246,12 +249,15 @@ def attend(args: argparse.Namespace) -> int:
     print(f"confidence:  {trust.confidence:.2f} (0 to 1, higher is more trustworthy); flags: {', '.join(trust.flags) or 'none'}")
     for flag, why in trust.why.items():
         print(f"  {flag}: {why}")
-    middle = default_layer(len(loaded.model.decoder_layers))
-    print(f"word alignment (value-norm contributions at decoder layer {middle + 1}, as qkv align), and how much of "
+    method, at, head_at = default_reading(loaded.model.config)
+    scores = capture.cross[at, head_at] if method == "attention" else capture.norms[at, 0]  # (T, S)
+    reading = (f"the alignment head (layer {at + 1}, head {head_at + 1})" if method == "attention"
+               else f"value-norm contributions at decoder layer {at + 1}")
+    print(f"word alignment ({reading}, as qkv align), and how much of "
           "each word came from the source (ALTI+; ! marks a word not to trust):")
     src_words = [w for w, _ in group_words(capture.src_tokens) if w != "</s>"]
     tgt_words = [w for w, _ in group_words(capture.tgt_tokens) if w != "</s>"]
-    for (i, j, weight), word in zip(align_words(capture.norms[middle, 0], capture.src_tokens, capture.tgt_tokens), trust.words):
+    for (i, j, weight), word in zip(align_words(scores, capture.src_tokens, capture.tgt_tokens), trust.words):
         mark = "!" if word["marked"] else " "
         print(f"  {tgt_words[j]:>20}  <-  {src_words[i]:<20} {weight:.2f}   from source {word['source']:.2f} {mark}")
     if trust.unused_words:

@@ -47,20 +47,35 @@ def default_layer(n_layers: int) -> int:
     return max(0, n_layers // 2 - 1)
 
 
+def default_reading(config) -> tuple[str, int, int | None]:
+    """(method, layer, head) read when none is asked for: a model trained with guided alignment
+    (``ModelConfig.alignment_layer``; qkv.train.alignment) is read at its alignment head, the first head's
+    weights of that layer; any other model by value norms at ``default_layer``, the mean of the heads."""
+    if config.alignment_layer is not None:
+        return "attention", config.alignment_layer, 0
+    return DEFAULT_METHOD, default_layer(config.n_decoder_layers), None
+
+
 @torch.inference_mode()
 def align(
     model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str] | None = None, *,
     layer: int | None = None, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
-    pieces: bool = False, method: str = DEFAULT_METHOD, row: str = DEFAULT_ROW,
+    pieces: bool = False, method: str | None = None, row: str = DEFAULT_ROW,
 ) -> list[list[tuple[int, int]]]:
     """Pharaoh pairs (source word, target word) for each line, in input order.
 
     ``targets`` None: align each source with the model's own translation (searched with ``config``).
-    ``method``: one of ``METHODS``; ``row``: ``input`` or ``predict`` (module docstring).
+    ``method``: one of ``METHODS``, or None for the model's default reading (``default_reading``: its
+    alignment head when it was trained with one; then ``layer`` and ``head`` default to that head's);
+    ``row``: ``input`` or ``predict`` (module docstring).
     ``layer``: a Python index over the decoder layers (None: ``default_layer``); ``head``: one head, 0-based, or None for the mean over heads (``attention``
     and ``norm`` only). ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the encoded
     source and target, EOS left out) instead of words. An empty source or target gives no pairs.
     """
+    if method is None:
+        method, default_at, default_head = default_reading(model.config)
+        if method == "attention" and layer is None and head is None:  # the alignment head itself
+            layer, head = default_at, default_head
     if method not in METHODS:
         raise QkvError(f"unknown alignment method {method!r}: one of {', '.join(METHODS)}")
     if row not in ROWS:

@@ -21,7 +21,8 @@ from qkv.errors import QkvError
 from qkv.io import checkpoint
 
 LOG, CURVES, MARKER = "log.jsonl", "curves.png", "qkv-run.json"
-QKV_FILES = (LOG, CURVES, checkpoint.TOKENIZER, MARKER)
+ALIGNMENT_LINKS = "alignment-links.npz"  # guided alignment's links of the training pieces (qkv.train.alignment)
+QKV_FILES = (LOG, CURVES, checkpoint.TOKENIZER, MARKER, ALIGNMENT_LINKS)
 # last/, best/, final/, step-NNNNNN/ and their .tmp/.old twins (a save in progress, or interrupted).
 CHECKPOINT_DIR = re.compile(r"(last|best|final|step-\d+)(\.tmp|\.old)?")
 CHECKPOINT_FILES = checkpoint.FILES | {checkpoint.MARKER}  # every file qkv writes into a checkpoint directory

@@ -160,6 +160,7 @@ class ModelConfig:
     tie_output: bool = True  # pre-softmax projection shares the target embedding (section 3.4)
     output_bias: bool = False  # a bias on the output projection (Marian's final-logits bias)
     pad_id: int = 0  # >= 0 and inside both vocabularies; read from the tokenizer when a model is built for data
+    alignment_layer: int | None = None  # the decoder layer (0-based) whose first cross-attention head guided alignment trains to align (qkv.train.alignment); None: no such head
 
     def __post_init__(self) -> None:
         check_types(self, "model")
@@ -190,6 +191,8 @@ class ModelConfig:
             raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(f"pad_id {self.pad_id} is outside the vocabulary")
+        if self.alignment_layer is not None and not 0 <= self.alignment_layer < self.n_decoder_layers:
+            raise ConfigError(f"alignment_layer {self.alignment_layer} is not one of the {self.n_decoder_layers} decoder layers (0-based)")
 
     @property
     def head_dim_k(self) -> int:

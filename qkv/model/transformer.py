@@ -153,15 +153,18 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor | None,
         cache: dict[str, KVCache] | None = None,
         need_weights: bool = False,
+        need_cross: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """``need_cross``: the cross-attention's weights only (guided alignment's training pass)."""
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
         x, self_w = self.self_sublayer(
             x, lambda h: self.self_attn(h, causal=True, cache=self_cache, need_weights=need_weights)
         )
+        cross_weights = need_weights or need_cross
         x, cross_w = self.cross_sublayer(
             x,
-            lambda h: self.cross_attn(h, memory, key_mask=src_mask, cache=cross_cache, need_weights=need_weights),
+            lambda h: self.cross_attn(h, memory, key_mask=src_mask, cache=cross_cache, need_weights=cross_weights),
         )
         x, _ = self.ff_sublayer(x, lambda h: (self.feed_forward(h), None))
         return x, self_w, cross_w
@@ -353,15 +356,33 @@ class Transformer(nn.Module):
             state.position += tgt.size(1)
         return self.decoder_norm(x), weights
 
-    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *, project: bool = True, alignment: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Teacher-forced logits: src (B, S), tgt (B, T) = BOS + target[:-1]. Returns (B, T, V), or
         with ``project=False`` the decoder's output before ``generator`` (B, T, D), for a loss that
-        applies the output projection itself (``qkv.train.loss.projected_label_smoothed_loss``)."""
+        applies the output projection itself (``qkv.train.loss.projected_label_smoothed_loss``).
+        With ``alignment``, also the alignment head's weights (B, T, S) (``aligned_decode``)."""
         memory, src_mask, _ = self.encode(src)
+        if alignment:
+            x, head = self.aligned_decode(tgt, memory, src_mask)
+            return (self.generator(x) if project else x), head
         if project:
             logits, _ = self.decode(tgt, memory, src_mask)
             return logits
         return self.decode_hidden(tgt, memory, src_mask)[0]
+
+    def aligned_decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The teacher-forced decoder pass with the alignment head's weights: the decoder's output
+        (B, T, D) and the first cross-attention head of layer ``config.alignment_layer``, (B, T, S)."""
+        index = self.config.alignment_layer
+        if index is None:
+            raise QkvError("this model has no alignment head (model key alignment_layer)")
+        x = self._embed(self.tgt_embed, tgt)
+        head = None
+        for i, layer in enumerate(self.decoder_layers):
+            x, _, cross = layer(x, memory, src_mask, need_cross=i == index)
+            if i == index:
+                head = cross[:, 0]  # (B, H, T, S) -> (B, T, S)
+        return self.decoder_norm(x), head
 
     @property
     def device(self) -> torch.device:

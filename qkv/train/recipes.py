@@ -99,6 +99,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # >= 0; Adam's L2 penalty on the weights
     label_smoothing: float = 0.1  # in [0, 1); epsilon_ls of section 5.4: that much of each target's probability spread over the vocabulary
     rdrop: float = 0.0  # >= 0; R-Drop's alpha: each batch runs twice, KL between the passes (qkv.train.loss.rdrop_loss); 0: off
+    alignment: float = 0.0  # >= 0; guided alignment's weight: one cross-attention head learns eflomal's links of the training pairs (qkv.train.alignment); 0: off
     clip_norm: float = 1.0  # >= 0; the gradients' largest global norm; 0 disables clipping
     max_epochs: int = 1000  # >= 1; passes over the training pairs at most
     max_steps: int = 0  # >= 0; the run's last update (--max-steps); 0: no limit
@@ -137,7 +138,7 @@ class TrainConfig:
         for name in ("label_smoothing", "beta1", "beta2", "ema"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")
-        for name in ("eps", "rdrop", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
+        for name in ("eps", "rdrop", "alignment", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("accumulate", "max_epochs", "valid_beam"):
@@ -184,6 +185,16 @@ def _paper(model: str, *, d_model: int, max_steps: int, eval_every: int, last: i
     )
 
 
+def _student(encoder: int, decoder: int) -> Preset:
+    """The multi30k recipe at ``encoder`` encoder and ``decoder`` decoder layers."""
+    return Preset(
+        "transformer-tiny",
+        TrainConfig(max_tokens=4096, lr=2e-3, warmup_steps=800, decay="none", cooldown=0.2, eval_every=500),
+        DataConfig(vocab_size=8000),
+        model_overrides=(("norm_first", True), ("dropout", 0.3), ("n_encoder_layers", encoder), ("n_decoder_layers", decoder)),
+    )
+
+
 # Recipes measured on a 2-core CPU (docs/results.md and docs/recipes.md say what each reached).
 TRAIN_PRESETS: dict[str, Preset] = {
     "tiny": Preset(
@@ -207,6 +218,12 @@ TRAIN_PRESETS: dict[str, Preset] = {
         DataConfig(vocab_size=8000),
         model_overrides=(("norm_first", True), ("dropout", 0.3), ("n_decoder_layers", 1)),
     ),
+    # Deep encoder, shallow decoder (Kasai et al., 2021): students for CPU decoding (qkv distill). The
+    # encoder runs once per sentence, the decoder once per output token and beam, so depth moves from the
+    # decoder to the encoder; width, dropout and schedule are the multi30k recipe's.
+    "multi30k-6-1": _student(6, 1),
+    "multi30k-8-1": _student(8, 1),
+    "multi30k-6-2": _student(6, 2),
     # The paper's recipes (section 5, table 3), for WMT-sized data and GPUs (docs/training.md): a shared
     # 37,000-piece vocabulary; about 25,000 source and 25,000 target tokens per update, reached by
     # accumulation on however many processes there are; Adam (0.9, 0.98, 1e-9); lr = d_model^-0.5 *
@@ -257,8 +274,14 @@ def resolved_paths(data: DataConfig) -> DataConfig:
 def data_sources(data: DataConfig) -> dict[str, dict[str, Any]]:
     """What a run reads, by role: each file's path, size and SHA-256 (a prepared directory: those of its
     manifest, which holds every other file's). ``--resume`` compares them (``qkv.train.resume``)."""
-    from qkv.data.corpus import multi30k_dir
     from qkv.io.manifest import sha256
+
+    return {role: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path)} for role, path in data_files(data).items()}
+
+
+def data_files(data: DataConfig) -> dict[str, Path]:
+    """The files ``data`` names, by role (a prepared directory: its ``prepared.json``); an output may replace none."""
+    from qkv.data.corpus import multi30k_dir
 
     if data.corpus == "prepared":
         files = {"prepared": Path(data.data_dir) / "prepared.json"}
@@ -270,7 +293,7 @@ def data_sources(data: DataConfig) -> dict[str, dict[str, Any]]:
         files = {key: Path(value) for key in DATA_PATHS[1:] if (value := getattr(data, key))}
     if data.term_file:
         files["term_file"] = Path(data.term_file)
-    return {role: {"path": str(path), "bytes": path.stat().st_size, "sha256": sha256(path)} for role, path in files.items()}
+    return files
 
 
 def build_configs(preset: str, *, model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> tuple[ModelConfig, TrainConfig, DataConfig]:

@@ -14,6 +14,7 @@ steps on its share of each optimizer step's batches, and rank 0 alone validates 
 from __future__ import annotations
 
 import contextlib
+import sys
 import signal
 import time
 import warnings
@@ -31,7 +32,7 @@ from qkv.io import checkpoint
 from qkv.model import cpu
 from qkv.train import distributed
 from qkv.model import kernels
-from qkv.train import validation
+from qkv.train import alignment, validation
 from qkv.model.config import ConfigError, ModelConfig, config_from_dict
 from qkv.data.corpus import Batches, EncodedCorpus, collate, encode_corpus, token_batches
 from qkv.data.sentences import case_augmented
@@ -130,17 +131,22 @@ class Trainer:
         writer = open_tensorboard(tensorboard) if tensorboard and main else None
         model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
         ids = None if tokenizer is None else self._pair_ids(prepared, tokenizer, model.config)
+        links = None if ids is None else self._alignment_links(ids[1])  # eflomal's, before anything is deleted
         self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
         if main:
             mark_run(self.run_dir)
             if new_tokenizer:
                 tokenizer.save(tokenizer_path)
+            if links is not None and links[2]:
+                alignment.save_links(self.run_dir / alignment.LINKS_FILE, links[0], links[1])
         self.log = RunLog(self.run_dir / "log.jsonl", enabled=main, writer=writer)
         distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
         if tokenizer is None:
             tokenizer = load_tokenizer(tokenizer_path)
             model = self._new_model(model_config, tokenizer, train.seed)
             ids = self._pair_ids(prepared, tokenizer, model.config)
+            links = self._alignment_links(ids[1])
+        self.train_links = None if links is None else links[0]  # per training pair, (n, 2) source-target piece positions
         self.tokenizer, self.model = tokenizer, model
         self.model_config = model.config
         self.max_len, self.train_ids, self.valid_ids = ids
@@ -191,9 +197,22 @@ class Trainer:
                      else encode_corpus(tokenizer, self.train_data, max_len))
         return max_len, train_ids, encode_corpus(tokenizer, self.valid_data, max_len)
 
+    def _alignment_links(self, train_ids: EncodedCorpus) -> tuple[list, str, bool] | None:
+        """Guided alignment's links of the training pairs (``qkv.train.alignment.run_links``), or None without it."""
+        if not self.train_cfg.alignment:
+            return None
+        return alignment.run_links(self.run_dir, train_ids.src_ids, train_ids.tgt_ids, seed=self.train_cfg.seed,
+                                   log=lambda m: print(m, file=sys.stderr) if self.dist.is_main else None)
+
     def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int) -> Transformer:
         """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device."""
         config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+        if self.train_cfg.alignment:  # guided alignment trains a head: the model records which one
+            alignment.check_alignment_settings(self.train_cfg.alignment, self.data_cfg, config.n_decoder_layers)
+            if self.train_cfg.rdrop:
+                raise ConfigError("guided alignment (--train alignment) and R-Drop (--train rdrop) are not combined: choose one")
+            if config.alignment_layer is None:
+                config = config.replace(alignment_layer=alignment.default_alignment_layer(config.n_decoder_layers))
         torch.manual_seed(seed)
         try:
             return Transformer(config).to(self.device)
@@ -306,14 +325,19 @@ class Trainer:
         tgt_len = ids.tgt_ids.lengths() if isinstance(ids.tgt_ids, MappedSide) else [len(t) for t in ids.tgt_ids]
         return token_batches(src_len, tgt_len, self.train_cfg.max_tokens, seed=self.train_cfg.seed, epoch=epoch)
 
-    def _collate(self, indices: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+    def _collate(self, indices: list[int]) -> tuple[Tensor, ...]:
+        """src (B, S), tgt_in (B, T), tgt_out (B, T); with guided alignment also the head's targets (B, T, S)."""
         tok, ids = self.tokenizer, self.epoch_ids(self.epoch)
         tensors = collate(
             [ids.src_ids[i] for i in indices],
             [ids.tgt_ids[i] for i in indices],
             pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id,
         )
-        return tuple(t.to(self.device) for t in tensors)  # type: ignore[return-value]
+        tensors = tuple(t.to(self.device) for t in tensors)
+        if self.train_links is not None:
+            src, _, tgt_out = tensors
+            tensors += (alignment.link_targets([self.train_links[i] for i in indices], tgt_out.size(1), src.size(1), self.device),)
+        return tensors  # type: ignore[return-value]
 
     def end_step(self) -> int | None:
         """The step the run ends at: max_steps or the steps planned from the time budget, whichever
@@ -356,7 +380,7 @@ class Trainer:
         """
         cfg, tok, ctx = self.train_cfg, self.tokenizer, self.dist
         inputs = [self._collate(indices) for indices in batches]
-        local_tokens = sum(int((tgt_out != tok.pad_id).sum()) for _, _, tgt_out in inputs)
+        local_tokens = sum(int((batch[2] != tok.pad_id).sum()) for batch in inputs)
         n_tokens = int(distributed.all_reduce_sum(torch.tensor([local_tokens]), ctx).item())
         schedule = inverse_sqrt_lr if cfg.decay == "inverse_sqrt" else constant_lr
         lr = schedule(self.step + 1, peak=cfg.lr, warmup=cfg.warmup_steps) * cooldown_factor(self.progress(), cfg.cooldown)
@@ -366,7 +390,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total = torch.zeros((), device=self.device)
         ddp = isinstance(self.train_model, DistributedDataParallel)
-        for i, (src, tgt_in, tgt_out) in enumerate(inputs):
+        for i, (src, tgt_in, tgt_out, *links) in enumerate(inputs):
             # DDP all-reduces gradients inside backward(): only on the last micro-batch; before it they
             # accumulate locally. (Ranks may hold different numbers of micro-batches at an epoch's end:
             # each still all-reduces exactly once.)
@@ -380,12 +404,15 @@ class Trainer:
                         objective, loss_sum, _ = rdrop_loss(out, gen, tgt_out, pad_id=tok.pad_id, smoothing=smoothing, alpha=cfg.rdrop)
                 else:
                     with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                        out = self.train_model(src, tgt_in, project=not self.fused_loss)  # logits or (B, T, D)
+                        out = self.train_model(src, tgt_in, project=not self.fused_loss, alignment=bool(links))  # logits or (B, T, D)
+                    out, head = out if links else (out, None)  # guided alignment: the head's weights (B, T, S)
                     # fused: the projection inside the loss, in chunks
                     objective, _ = projected_label_smoothed_loss(out, gen.weight, gen.bias, tgt_out, pad_id=tok.pad_id,
                                                                  smoothing=smoothing, bf16=self.loss_bf16) \
                         if self.fused_loss else label_smoothed_loss(out, tgt_out, pad_id=tok.pad_id, smoothing=smoothing)
                     loss_sum = objective
+                    if head is not None:  # the translation's cross-entropy is what the log reports
+                        objective = objective + cfg.alignment * alignment.alignment_loss(head, links[0])
                 # DDP averages gradients over the ranks; times world_size, the average becomes the sum.
                 (objective / n_tokens * ctx.world_size).backward()
             loss_total += loss_sum.detach()  # the cross-entropy: with R-Drop, the two passes' mean

@@ -265,3 +265,53 @@ def test_export_never_deletes_a_users_directory_named_like_its_temporary_one(ckp
     before = snapshot(tmp_path / "ct2.tmp")
     refused(qkv("export", "--checkpoint", ckpt, "--out", tmp_path / "ct2", "--check", "0"), "export", "qkv did not write it")
     assert snapshot(tmp_path / "ct2.tmp") == before
+
+
+def test_no_output_replaces_a_file_the_command_reads(ckpt, tmp_path, capsys):
+    """Every file a command reads is an input: `translate --glossary G -o G --force` and `evaluate --glossary G
+    --save G --force` used to replace the glossary with translations (exit 0); `evaluate --save` over the
+    Multi30k split it scores, and `pseudo-terms --out` over the training data it reads, are refused too."""
+    import gzip
+    import shutil
+
+    from conftest import MULTI30K, require_multi30k
+
+    from qkv.cli.main import main
+
+    def refused_here(args: list, message: str) -> None:
+        assert main([*map(str, args)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+
+    text, glossary, ref = tmp_path / "in.en", tmp_path / "terms.tsv", tmp_path / "ref.de"
+    text.write_text("A dog runs.\n", encoding="utf-8")
+    ref.write_text("Ein Hund rennt.\n", encoding="utf-8")
+    glossary.write_text("dog\tHund\n", encoding="utf-8")
+    link = tmp_path / "terms-link.tsv"
+    link.symlink_to(glossary)
+    for out in (glossary, link):  # the file itself, or through a symlink
+        refused_here(["translate", "--checkpoint", ckpt, "-i", text, "--glossary", glossary, "-o", out, "--force"],
+                     f"{out} is also the input")
+        refused_here(["evaluate", "--checkpoint", ckpt, "--src-file", text, "--ref-file", ref, "--glossary", glossary,
+                      "--save", out, "--force"], f"{out} is also the input")
+    assert glossary.read_text(encoding="utf-8") == "dog\tHund\n"
+    require_multi30k()
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    for name in ("val.en.gz", "val.de.gz"):
+        shutil.copy(MULTI30K / name, data / name)
+    before = snapshot(data)
+    refused_here(["evaluate", "--checkpoint", ckpt, "--split", "val", "--data-dir", data, "--save", data / "val.de.gz",
+                  "--force"], "val.de.gz is also the input")
+    assert snapshot(data) == before and gzip.decompress(before["val.de.gz"]).count(b"\n") == 1014
+    pairs_src, pairs_tgt = tmp_path / "train.en", tmp_path / "train.de"
+    pairs_src.write_text("A dog runs.\n", encoding="utf-8")
+    pairs_tgt.write_text("Ein Hund rennt.\n", encoding="utf-8")
+    run = tmp_path / "run-config"  # a checkpoint whose config names its training files (pseudo-terms' default data)
+    shutil.copytree(checkpoint.resolve(ckpt), run)
+    config = json.loads((run / "config.json").read_text())
+    config["data"] = {"corpus": "files", "train_src": str(pairs_src), "train_tgt": str(pairs_tgt), "src_lang": "en", "tgt_lang": "de"}
+    (run / "config.json").write_text(json.dumps(config))
+    manifest.write(run)
+    refused_here(["pseudo-terms", "--checkpoint", run, "--out", pairs_tgt, "--force"], f"{pairs_tgt} is also the input")
+    assert pairs_tgt.read_text(encoding="utf-8") == "Ein Hund rennt.\n"

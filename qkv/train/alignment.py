@@ -1,0 +1,200 @@
+"""Guided alignment: one cross-attention head trained to align (Garg et al., 2019, "Jointly Learning to
+Align and Translate with Transformer Models"; fairseq's ``transformer_align``, OpenNMT's guided alignment).
+
+A statistical aligner, eflomal (Östling and Tiedemann, 2016; maintained on PyPI), aligns the training
+pairs once, piece by piece (the subword ids the model reads, so no word-to-piece mapping is needed), in
+both directions; the two directions are symmetrized with grow-diag-final-and (Koehn et al., 2005).
+During training the first head of the decoder layer ``ModelConfig.alignment_layer`` is pulled towards
+those links: at the decoder position that predicts target piece j, the head's weights over the source
+pieces should be the uniform distribution over the pieces linked to j (pieces with no link add nothing).
+The loss is that cross-entropy, summed over the linked target pieces and weighted by ``TrainConfig.alignment``
+(fairseq's ``alignment_lambda``), added to the translation loss before both are divided by the batch's
+target tokens.
+
+Shapes: B sentences, T target positions (pieces + EOS), S source positions (pieces + EOS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from qkv.errors import MissingPackage, QkvError
+from qkv.model.config import ConfigError
+from qkv.io.outputs import replace_whole
+from qkv.io.runs import ALIGNMENT_LINKS
+
+LINKS_FILE = ALIGNMENT_LINKS  # a run's links, with the digest of the pieces they align
+EPS = 1e-6  # inside the log: a head that gives a linked source piece weight 0 costs -log(1e-6), not inf
+
+
+def import_eflomal():
+    try:
+        import eflomal
+    except ImportError:
+        raise MissingPackage("guided alignment needs eflomal (pip install eflomal; qkv's requirements name it)") from None
+    return eflomal
+
+
+def grow_diag_final_and(forward: set[tuple[int, int]], reverse: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Symmetrize two directional alignments of one pair, (source, target) links each: start from their
+    intersection, add union links next to a link (diagonals included) that align a word not yet aligned,
+    then (final-and) union links between two words neither of which is aligned yet."""
+    union = forward | reverse
+    links = set(forward & reverse)
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+    src_done = {s for s, _ in links}
+    tgt_done = {t for _, t in links}
+    grown = True
+    while grown:
+        grown = False
+        for s, t in sorted(links):
+            for ds, dt in neighbours:
+                link = (s + ds, t + dt)
+                if link in union and link not in links and (link[0] not in src_done or link[1] not in tgt_done):
+                    links.add(link)
+                    src_done.add(link[0])
+                    tgt_done.add(link[1])
+                    grown = True
+    for direction in (forward, reverse):  # final-and
+        for s, t in sorted(direction):
+            if s not in src_done and t not in tgt_done:
+                links.add((s, t))
+                src_done.add(s)
+                tgt_done.add(t)
+    return links
+
+
+def _read_links(path: Path) -> list[set[tuple[int, int]]]:
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        found.append({tuple(int(x) for x in link.split("-")) for link in line.split()})  # type: ignore[misc]
+    return found
+
+
+def align_pieces(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], *, seed: int = 1) -> list[np.ndarray]:
+    """eflomal's symmetrized links of each pair of id sequences: an (n, 2) int32 array of (source
+    position, target position) per pair; a pair with an empty side has none."""
+    if len(src_ids) != len(tgt_ids):
+        raise QkvError(f"{len(src_ids)} sources but {len(tgt_ids)} targets to align")
+    eflomal = import_eflomal()
+    # eflomal reads whitespace-separated tokens; an id is one. An empty side stands in as one dummy token.
+    as_text = lambda rows: [" ".join(map(str, ids)) if len(ids) else "<empty>" for ids in rows]  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="qkv-align-") as where:
+        fwd, rev = Path(where) / "fwd", Path(where) / "rev"
+        state = np.random.get_state()  # eflomal's sampler draws its seed from NumPy's global generator
+        np.random.seed(seed)
+        try:
+            eflomal.Aligner().align(as_text(src_ids), as_text(tgt_ids), links_filename_fwd=str(fwd), links_filename_rev=str(rev))
+        finally:
+            np.random.set_state(state)
+        forward, reverse = _read_links(fwd), _read_links(rev)
+    if len(forward) != len(src_ids) or len(reverse) != len(src_ids):
+        raise QkvError(f"eflomal aligned {len(forward)} of {len(src_ids)} pairs")
+    result = []
+    for s, t, f, r in zip(src_ids, tgt_ids, forward, reverse):
+        if not len(s) or not len(t):
+            result.append(np.zeros((0, 2), dtype=np.int32))
+            continue
+        links = sorted(link for link in grow_diag_final_and(f, r) if link[0] < len(s) and link[1] < len(t))
+        result.append(np.asarray(links, dtype=np.int32).reshape(-1, 2))
+    return result
+
+
+def pieces_digest(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> str:
+    """SHA-256 of the pairs' ids: what a run's saved links were computed from."""
+    h = hashlib.sha256()
+    for s, t in zip(src_ids, tgt_ids):
+        h.update(np.asarray(s, dtype=np.int64).tobytes() + b"|" + np.asarray(t, dtype=np.int64).tobytes() + b"\n")
+    return h.hexdigest()
+
+
+def save_links(path: Path, links: list[np.ndarray], digest: str) -> None:
+    """Write the links whole (a new file renamed into place) with the digest of the pieces they align."""
+    counts = np.asarray([len(x) for x in links], dtype=np.int64)
+    flat = np.concatenate(links) if links else np.zeros((0, 2), dtype=np.int32)
+    with tempfile.TemporaryFile() as buffer:
+        np.savez_compressed(buffer, counts=counts, links=flat, digest=np.asarray(digest))
+        buffer.seek(0)
+        replace_whole(path, buffer.read())
+
+
+def load_links(path: Path, digest: str) -> list[np.ndarray] | None:
+    """A run's saved links, or None when there are none, they are unreadable, or they align other pieces."""
+    try:
+        with np.load(path) as data:
+            if str(data["digest"]) != digest:
+                return None
+            counts, flat = data["counts"], data["links"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if int(counts.sum()) != len(flat):
+        return None
+    return np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else []
+
+
+def run_links(run_dir: Path, src_ids, tgt_ids, *, seed: int, log=print) -> tuple[list[np.ndarray], str, bool]:
+    """The training pairs' links: the run's saved ones when they align exactly these pieces, else
+    eflomal's (slow: tens of seconds on Multi30k). Returns the links, their digest and whether they
+    are new (to be saved once the run directory is ready)."""
+    digest = pieces_digest(src_ids, tgt_ids)
+    saved = load_links(run_dir / LINKS_FILE, digest) if (run_dir / LINKS_FILE).is_file() else None
+    if saved is not None and len(saved) == len(src_ids):
+        return saved, digest, False
+    log(f"guided alignment: eflomal aligns the {len(src_ids):,} training pairs (once per run)")
+    return align_pieces(src_ids, tgt_ids, seed=seed), digest, True
+
+
+def link_targets(links: Sequence[np.ndarray], T: int, S: int, device: torch.device | None = None) -> Tensor:
+    """(B, T, S) target distributions of the alignment head: row j of pair b spreads 1 evenly over the
+    source pieces linked to target piece j; rows of unlinked pieces (and EOS, and padding) are 0."""
+    B = len(links)
+    target = np.zeros((B, T, S), dtype=np.float32)
+    for b, pairs in enumerate(links):
+        if len(pairs):
+            s, t = pairs[:, 0], pairs[:, 1]
+            keep = (s < S) & (t < T)
+            np.add.at(target[b], (t[keep], s[keep]), 1.0)
+    rows = target.sum(axis=2, keepdims=True)
+    target = np.divide(target, rows, out=np.zeros_like(target), where=rows > 0)
+    return torch.from_numpy(target).to(device)
+
+
+def alignment_loss(head: Tensor, target: Tensor) -> Tensor:
+    """Sum over linked target pieces of the cross-entropy between ``target`` (B, T, S) and the head's
+    weights ``head`` (B, T, S): -sum target * log(head + EPS)."""
+    return -(target * (head.float() + EPS).log()).sum()
+
+
+def check_alignment_settings(alignment: float, data, n_decoder_layers: int) -> None:
+    """Refuse what guided alignment cannot follow: links are computed once on the pieces of the
+    training pairs, so each epoch must see those pieces (no subword dropout, recasing or inline terms)."""
+    if not alignment:
+        return
+    if n_decoder_layers < 1:
+        raise ConfigError("guided alignment (--train alignment) needs a decoder layer")
+    for key in ("subword_dropout", "case_augment", "term_share"):
+        if getattr(data, key):
+            raise ConfigError(f"guided alignment aligns the training pieces once: not with --data {key} (which changes them each epoch)")
+    if data.corpus == "prepared":
+        raise ConfigError("guided alignment reads the training pairs' pieces: not with a prepared corpus (give the text files)")
+
+
+def default_alignment_layer(n_decoder_layers: int) -> int:
+    """The supervised layer when none is given: the penultimate (fairseq's default), the only one of one."""
+    return max(0, n_decoder_layers - 2)
+
+
+def eflomal_available() -> bool:
+    try:
+        import_eflomal()
+    except MissingPackage:
+        return False
+    return True
+

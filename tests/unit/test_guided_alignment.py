@@ -1,0 +1,109 @@
+"""Guided alignment (qkv.train.alignment): eflomal's symmetrized links, the head's targets and loss,
+and a head that learns them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.model.config import ConfigError, ModelConfig
+from qkv.model.transformer import Transformer
+from qkv.train.alignment import (
+    align_pieces, alignment_loss, check_alignment_settings, grow_diag_final_and, link_targets, load_links, pieces_digest,
+    save_links,
+)
+from qkv.train.recipes import DataConfig
+
+
+def test_grow_diag_final_and_grows_from_the_intersection():
+    forward = {(0, 0), (1, 1), (2, 1)}
+    reverse = {(0, 0), (1, 1), (3, 3)}
+    # intersection {(0,0), (1,1)}; (2,1) neighbours (1,1) and aligns source 2, not yet aligned: grown;
+    # (3,3) is in the union only, not next to a link, and aligns two unaligned words: added by final-and
+    assert grow_diag_final_and(forward, reverse) == {(0, 0), (1, 1), (2, 1), (3, 3)}
+    # a union link between two words both aligned already is not added
+    assert (1, 0) not in grow_diag_final_and({(0, 0), (1, 1), (1, 0)}, {(0, 0), (1, 1)})
+
+
+def test_eflomal_aligns_a_consistent_mapping():
+    rng = np.random.default_rng(0)
+    src, tgt = [], []
+    for _ in range(300):  # source word w translates to target word 100 + w, in a reversed order
+        words = rng.integers(1, 30, size=int(rng.integers(2, 7))).tolist()
+        src.append(words)
+        tgt.append([100 + w for w in reversed(words)])
+    src.append([])
+    tgt.append([5])
+    links = align_pieces(src, tgt)
+    assert len(links) == len(src) and links[-1].shape == (0, 2)
+    right = total = 0
+    for s, t, pairs in zip(src, tgt, links[:-1]):
+        for i, j in pairs:
+            total += 1
+            right += t[j] == 100 + s[i]
+    assert total >= 0.9 * sum(map(len, src)) and right / total > 0.95
+
+
+def test_link_targets_are_distributions_over_linked_pieces():
+    links = [np.array([[0, 0], [1, 0], [2, 1]], dtype=np.int32), np.zeros((0, 2), dtype=np.int32)]
+    target = link_targets(links, T=3, S=4)  # (B, T, S)
+    assert target.shape == (2, 3, 4)
+    assert torch.equal(target[0, 0], torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert torch.equal(target[0, 1], torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    assert target[0, 2].sum() == 0 and target[1].sum() == 0  # an unlinked piece, a pair without links
+
+
+def test_saved_links_are_read_back_only_for_the_same_pieces(tmp_path):
+    src, tgt = [[1, 2], [3]], [[4], [5, 6]]
+    links = [np.array([[0, 0], [1, 0]], dtype=np.int32), np.array([[0, 1]], dtype=np.int32)]
+    digest = pieces_digest(src, tgt)
+    save_links(tmp_path / "links.npz", links, digest)
+    back = load_links(tmp_path / "links.npz", digest)
+    assert [x.tolist() for x in back] == [x.tolist() for x in links]
+    assert load_links(tmp_path / "links.npz", pieces_digest(src, [[4], [5, 7]])) is None  # other pieces
+
+
+def test_the_alignment_head_learns_its_links():
+    """Only the alignment loss, on a random model: the supervised head's weights go to the links."""
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                         n_decoder_layers=2, dropout=0.0, alignment_layer=1)
+    model = Transformer(config)
+    src = torch.randint(3, 40, (8, 6))
+    tgt_in = torch.randint(3, 40, (8, 6))
+    links = [np.array([[5 - j, j] for j in range(6)], dtype=np.int32)] * 8  # target j <-> source 5 - j
+    target = link_targets(links, T=6, S=6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        _, head = model(src, tgt_in, project=False, alignment=True)
+        loss = alignment_loss(head, target) / 48
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0]
+    with torch.no_grad():
+        _, head = model(src, tgt_in, project=False, alignment=True)
+    assert (head.argmax(-1) == torch.arange(5, -1, -1)).float().mean() > 0.9
+
+
+def test_the_aligned_pass_computes_what_the_plain_pass_does():
+    torch.manual_seed(1)
+    config = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                         n_decoder_layers=2, alignment_layer=0).replace(dropout=0.0)
+    model = Transformer(config).eval()
+    src, tgt_in = torch.randint(3, 30, (3, 5)), torch.randint(3, 30, (3, 4))
+    logits, head = model(src, tgt_in, alignment=True)
+    torch.testing.assert_close(logits, model(src, tgt_in))
+    assert head.shape == (3, 4, 5)
+    torch.testing.assert_close(head.sum(-1), torch.ones(3, 4))
+
+
+def test_settings_guided_alignment_cannot_follow_are_refused():
+    with pytest.raises(ConfigError, match="case_augment"):
+        check_alignment_settings(0.05, DataConfig(case_augment=0.1), 4)
+    with pytest.raises(ConfigError, match="alignment_layer 4"):
+        ModelConfig(n_decoder_layers=4, alignment_layer=4)
+    check_alignment_settings(0.0, DataConfig(case_augment=0.1), 4)  # off: nothing to refuse
