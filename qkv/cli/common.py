@@ -52,7 +52,7 @@ def int_at_most(high: Callable[[], int], why: str) -> type[argparse.Action]:
 
 def decode_args(
     p: argparse.ArgumentParser, *, ensemble: bool = False,
-    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048)", flag: str = "--checkpoint",
+    batch_tokens: str | None = "padded source tokens per batch, whatever the beam (default 2048; with --engine ctranslate2, 512)", flag: str = "--checkpoint",
 ) -> None:
     """The search's flags; ``batch_tokens``: the help of --batch-tokens, or None for a command without batches;
     ``flag``: the name of the checkpoint flag (its value is ``args.checkpoint`` whatever the name)."""
@@ -73,7 +73,12 @@ def decode_args(
                    help="end a sentence's beam search at beam-size finished hypotheses, as CTranslate2 and fairseq do "
                         "(default: search on while a live beam can still beat the best finished one)")
     if batch_tokens:
-        p.add_argument("--batch-tokens", type=int, default=2048, help=batch_tokens)
+        p.add_argument("--batch-tokens", type=int, default=DefaultTokens(2048), help=batch_tokens)
+
+
+class DefaultTokens(int):
+    """--batch-tokens when the user did not give it: an engine with another best budget takes its own
+    (``--engine ctranslate2``: ``qkv.interop.ct2_engine.CT2_BATCH_TOKENS``)."""
 
 
 # --loop-guard's default: on Multi30k val (En->De, beam 5) it left no output looping and raised BLEU by
@@ -221,6 +226,10 @@ def decoding_model(args: argparse.Namespace):
     ct2 = getattr(args, "engine", "qkv") == "ctranslate2"
     if ct2 and (args.bf16 or device_of(args).type != "cpu"):
         raise QkvError("--engine ctranslate2 runs on the CPU in float32 or int8: not with --bf16 or --device cuda")
+    if ct2 and (getattr(args, "n_best", 1) > 1 or getattr(args, "sampling", False)):  # before the export, not after it
+        raise QkvError("--engine ctranslate2 searches for the best translation: not with --sampling or --n-best")
+    if ct2 and getattr(args, "workers", "auto") not in ("auto", 1):
+        raise QkvError("--engine ctranslate2 runs in one process with its own threads: not with --workers above 1")
     compiled = getattr(args, "compile", False)
     if compiled and (args.int8 or ct2):
         raise QkvError("--compile compiles qkv's own float step: not with --int8 or --engine ctranslate2")
@@ -233,8 +242,8 @@ def decoding_model(args: argparse.Namespace):
         incremental.compile_steps(True)
     if model.device.type == "cpu":  # decoding frees and allocates vocabulary-sized scores every step (qkv.model.cpu)
         tune_allocator()
-    if hasattr(args, "workers"):
-        args.workers = resolve_workers(args, model.device)  # auto: now that the device is known
+    if hasattr(args, "workers"):  # auto: now that the device is known (CTranslate2: its threads, in this process)
+        args.workers = 1 if ct2 else resolve_workers(args, model.device)
     if ct2:  # qkv's float32 model: the tokenizer, the limits and the trust signals; CTranslate2 searches
         return model, tokenizer
     if args.int8:
@@ -260,8 +269,12 @@ def translator_of(args: argparse.Namespace, model, tokenizer, config, **kwargs):
 
     if len(args.checkpoint) > 1:
         raise QkvError("--engine ctranslate2 translates with one checkpoint: an ensemble runs on --engine qkv")
+    from qkv.interop.ct2_engine import CT2_BATCH_TOKENS
+
     ct2_dir, fresh = ensure_export(args.checkpoint[0])
     kwargs["workers"] = 1  # CTranslate2's threads, not qkv's processes
+    if isinstance(kwargs.get("max_tokens"), DefaultTokens):  # no --batch-tokens: CTranslate2's own best budget
+        kwargs["max_tokens"] = CT2_BATCH_TOKENS
     return CTranslate2Translator(model, tokenizer, config, ct2_dir=ct2_dir, compute_type="int8" if args.int8 else "float32",
                                  check=fresh, **kwargs)
 

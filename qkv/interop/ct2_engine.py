@@ -1,12 +1,21 @@
 """CTranslate2 as the search engine behind qkv's commands (``--engine ctranslate2``).
 
 The checkpoint is exported once (``export_ctranslate2``) into qkv's cache, a directory named for the
-checkpoint's manifest: ``$XDG_CACHE_HOME/qkv/ctranslate2/<manifest sha256>`` (``~/.cache`` by default;
-``QKV_CT2_CACHE`` sets another root). A checkpoint whose files change has another manifest, hence
-another export; the checkpoint's own directory and any directory the user did not give are never
-written. A new export (``<hash>.unchecked`` until then) is checked against qkv's own search, as ``qkv export`` checks it: the first
+checkpoint's manifest and the version of qkv's export code: ``$XDG_CACHE_HOME/qkv/ctranslate2/<sha256>``
+(``~/.cache`` by default; ``QKV_CT2_CACHE`` sets another root). A checkpoint whose files change has
+another manifest, and a fixed export code another ``EXPORT_VERSION``, hence another export; the
+checkpoint's own directory and any directory the user did not give are never written. A new export
+(``<hash>.unchecked`` until then) is checked against qkv's own search, as ``qkv export`` checks it: the first
 sentences it translates, greedy, must come out the same by both engines (``PARITY_SENTENCES``,
 ``PARITY_MIN``), or the export is removed and the command stops with an error.
+
+A cache entry carries its own manifest (``CACHE_MANIFEST``: each file's size and SHA-256, the
+checkpoint's manifest hash, the export version, qkv's and CTranslate2's versions), written before the
+entry gets its name, and is verified against it every time it is used (``verify_entry``). An entry
+that does not verify (a file changed or cut short, another checkpoint's export, another export
+version or CTranslate2) but is provably qkv's (its manifest names every file it holds) is deleted and
+exported again; one without qkv's manifest, or holding a file the manifest does not name, is refused
+in one line naming the directory, and never deleted.
 
 ``CTranslate2Translator`` is a ``Translator`` whose ``translate_ids`` runs CTranslate2 under qkv's
 search rules (``ct2_translate_ids``: the checkpoint's beam and length penalty, beam-size finished
@@ -17,9 +26,13 @@ trust signals computed by qkv's own teacher-forced pass over CTranslate2's outpu
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import shutil
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,13 +40,21 @@ import torch
 from qkv.errors import QkvError
 from qkv.infer.search import DecodeConfig, Hypothesis
 from qkv.infer.translator import Translator
-from qkv.interop.ctranslate2 import import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
+from qkv.interop.ctranslate2 import EXPORT_FILES, import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
 from qkv.io import checkpoint
-from qkv.io.manifest import MANIFEST
+from qkv.io.manifest import MANIFEST, sha256
 
+# Source tokens per batch when --batch-tokens is not given: CTranslate2's fastest budget at beam 5 and
+# greedy in float32, and at beam 5 in int8, in benchmark (c)'s own-settings table (docs/benchmarks.md).
+CT2_BATCH_TOKENS = 512
 PARITY_SENTENCES = 20  # a new export is checked on this many of the first sentences it translates
 PARITY_MIN = 0.9  # the share of them that must come out the same as qkv's greedy search
 UNCHECKED = ".unchecked"  # an export not yet checked (a process killed before its check leaves one to check again)
+# The version of what qkv's export code writes (qkv.interop.ctranslate2): raised with every change to it that
+# changes an export, so that no entry an older export wrote (a conversion with a bug) is used again.
+EXPORT_VERSION = 2
+CACHE_MANIFEST = "qkv_cache.json"  # a cache entry's own manifest (module docstring)
+CACHE_FORMAT = "qkv ctranslate2 cache"
 
 
 def cache_root() -> Path:
@@ -42,25 +63,112 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qkv" / "ctranslate2"
 
 
+def checkpoint_digest(checkpoint_dir: Path) -> str:
+    """The SHA-256 of the checkpoint's manifest, which holds every file's: what an export was made from."""
+    return hashlib.sha256((Path(checkpoint_dir) / MANIFEST).read_bytes()).hexdigest()
+
+
 def export_dir(checkpoint_dir: Path) -> Path:
-    """Where the checkpoint's export lives: named for its manifest, so an export is reused exactly
-    while the checkpoint's files are unchanged."""
-    digest = hashlib.sha256((Path(checkpoint_dir) / MANIFEST).read_bytes()).hexdigest()[:32]
-    return cache_root() / digest
+    """Where the checkpoint's export lives: named for its manifest and ``EXPORT_VERSION``, so an export is
+    reused exactly while the checkpoint's files and qkv's export code are unchanged."""
+    key = f"{checkpoint_digest(checkpoint_dir)} ctranslate2 export {EXPORT_VERSION}"
+    return cache_root() / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _versions() -> dict[str, object]:
+    import qkv
+
+    return {"export_version": EXPORT_VERSION, "qkv": qkv.__version__, "ctranslate2": import_ctranslate2().__version__}
+
+
+def write_cache_manifest(directory: Path, digest: str) -> None:
+    """Write ``directory``'s ``CACHE_MANIFEST``: each file's size and SHA-256, the checkpoint's manifest
+    hash ``digest`` and the versions that wrote it (``_versions``)."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(directory.iterdir()) if p.name != CACHE_MANIFEST}
+    record = {"format": CACHE_FORMAT, **_versions(), "checkpoint_manifest": digest, "files": files}
+    (directory / CACHE_MANIFEST).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def verify_entry(directory: Path, digest: str) -> str | None:
+    """None when the cache entry ``directory`` is what its manifest says and was exported from the checkpoint
+    whose manifest hash is ``digest`` by this export code; else why not (the entry is qkv's: it may be
+    deleted and exported again). A directory qkv cannot prove it wrote (no manifest of qkv's, a file or a
+    link the manifest does not name) is a QkvError naming it: qkv never deletes it."""
+    def refuse(why: str) -> QkvError:
+        return QkvError(f"{directory} is in qkv's CTranslate2 cache but {why}, so qkv cannot tell it wrote it: "
+                        "move it away or delete it, and run again")
+
+    if directory.is_symlink() or not directory.is_dir():
+        raise refuse("is not a directory")
+    path = directory / CACHE_MANIFEST
+    if path.is_symlink() or not path.is_file():
+        raise refuse(f"holds no {CACHE_MANIFEST}")
+    try:
+        record = json.loads(path.read_bytes()[:1_000_001])
+        files = record["files"]
+        assert record["format"] == CACHE_FORMAT and isinstance(files, dict)
+        sizes = {str(name): (int(f["bytes"]), str(f["sha256"])) for name, f in files.items()}
+    except (ValueError, KeyError, TypeError, AssertionError, AttributeError):
+        raise refuse(f"its {CACHE_MANIFEST} is not qkv's") from None
+    present = {p.name: p for p in directory.iterdir() if p.name != CACHE_MANIFEST}
+    strangers = sorted(n for n, p in present.items() if n not in sizes or n not in EXPORT_FILES or p.is_symlink() or not p.is_file())
+    if strangers:
+        raise refuse(f"holds what its {CACHE_MANIFEST} does not list ({', '.join(strangers)})")
+    versions = _versions()
+    for key in ("export_version", "ctranslate2"):
+        if record.get(key) != versions[key]:
+            return f"written with {key.replace('_', ' ')} {record.get(key)}, not {versions[key]}"
+    if record.get("checkpoint_manifest") != digest:
+        return "it is the export of another checkpoint"
+    for name, (size, hexdigest) in sorted(sizes.items()):
+        if name not in present:
+            return f"{name} is missing"
+        if present[name].stat().st_size != size:
+            return f"{name} is {present[name].stat().st_size} bytes, its manifest says {size}"
+        if sha256(present[name]) != hexdigest:
+            return f"{name} fails its SHA-256 check"
+    return None
+
+
+def _verified(entry: Path, digest: str, log) -> bool:
+    """Whether the cache entry ``entry`` may be used: absent, False; verified, True; qkv's but not verified,
+    deleted (saying why) and False; not provably qkv's, a QkvError naming it."""
+    if not (entry.exists() or entry.is_symlink()):
+        return False
+    problem = verify_entry(entry, digest)
+    if problem is None:
+        return True
+    log(f"the CTranslate2 export {entry} does not verify ({problem}): exporting again")
+    shutil.rmtree(entry)
+    return False
 
 
 def ensure_export(checkpoint_dir: str | Path, *, log=lambda m: print(m, file=sys.stderr)) -> tuple[Path, bool]:
-    """The checkpoint's CTranslate2 export, made if it is not in the cache; and whether it was just
-    made (then ``CTranslate2Translator(check=True)`` checks it on the first sentences it translates)."""
+    """The checkpoint's CTranslate2 export, verified (``verify_entry``), or made if the cache has none
+    (or none that verifies); and whether it is not yet checked (then ``CTranslate2Translator(check=True)``
+    checks it on the first sentences it translates)."""
     resolved = checkpoint.resolve(checkpoint_dir)
+    digest = checkpoint_digest(resolved)
     out = export_dir(resolved)
-    if is_export_dir(out):
-        return out, False
     unchecked = out.with_name(out.name + UNCHECKED)  # renamed to ``out`` once it passed its check
-    if not is_export_dir(unchecked):
-        unchecked.parent.mkdir(parents=True, exist_ok=True)
-        log(f"exporting {resolved} to CTranslate2 once, into {out}")
-        export_ctranslate2(resolved, unchecked)  # refuses a directory it did not write
+    if _verified(out, digest, log):
+        return out, False
+    if _verified(unchecked, digest, log):
+        return unchecked, True
+    unchecked.parent.mkdir(parents=True, exist_ok=True)
+    log(f"exporting {resolved} to CTranslate2 once, into {out}")
+    # Written and given its manifest in a directory of its own, then renamed: an entry is whole or absent.
+    staging = Path(tempfile.mkdtemp(prefix=f"{unchecked.name}.", suffix=".tmp", dir=unchecked.parent))
+    try:
+        made = export_ctranslate2(resolved, staging / "export")
+        write_cache_manifest(made, digest)
+        try:
+            os.replace(made, unchecked)
+        except OSError:  # another process put its export there first: used if it verifies
+            if not _verified(unchecked, digest, log):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return unchecked, True
 
 

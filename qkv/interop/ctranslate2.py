@@ -135,6 +135,7 @@ EXPORT_FILES = frozenset({
     "target_vocabulary.json", "source_vocabulary.txt", "target_vocabulary.txt", checkpoint.TOKENIZER, "qkv_config.json",
     "source.spm", "target.spm", "model.safetensors", "generation_config.json", "vocab.json", "tokenizer_config.json",
     "special_tokens_map.json", "added_tokens.json", "vmap.txt",
+    "qkv_cache.json",  # an entry of qkv's CTranslate2 cache (qkv.interop.ct2_engine.CACHE_MANIFEST)
 })
 
 

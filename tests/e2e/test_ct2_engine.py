@@ -105,3 +105,84 @@ def test_the_server_searches_with_ctranslate2_and_refuses_what_it_cannot(tiny_ru
     assert len(ok.json()["confidence"]) == len(texts)
     for refused, field in ((nbest, "n_best"), (sample, "sampling")):
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", field], refused.text
+
+
+def test_what_ctranslate2_cannot_do_is_refused_before_any_export(tiny_run, tmp_path, cache, capsys):
+    """--workers 2 was accepted (and `qkv evaluate` reported "2 workers" for one CTranslate2 process);
+    --n-best and --sampling were refused only after a full export. Now each is one line, and no cache entry."""
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    base = ["--checkpoint", str(tiny_run), "--engine", "ctranslate2"]
+    for args, message in [
+        (["translate", *base, "-i", str(src), "--workers", "2"], "not with --workers above 1"),
+        (["evaluate", *base, "--src-file", str(src), "--ref-file", str(src), "--workers", "2"], "not with --workers above 1"),
+        (["translate", *base, "-i", str(src), "--n-best", "2", "--beam", "2"], "not with --sampling or --n-best"),
+        (["translate", *base, "-i", str(src), "--sampling"], "not with --sampling or --n-best"),
+    ]:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not cache.exists()  # refused before the export: nothing written into the cache
+    assert main(["evaluate", *base, "--src-file", str(src), "--ref-file", str(src)]) == 0  # auto: one process, said so
+    assert " workers" not in capsys.readouterr().out
+
+
+def test_a_cache_entry_is_verified_and_rebuilt_only_when_qkv_wrote_it(tiny_run, random_checkpoint, tmp_path, cache, capsys):
+    """A cache entry was trusted by its file names: another model's model.bin in it translated with that
+    model (exit 0), a cut one failed every later run with a traceback, an older export was reused forever.
+    Now each entry carries its own manifest and is verified on use: qkv's entry that does not verify is
+    exported again; a directory qkv cannot prove it wrote is refused in one line naming it, and kept."""
+    import json
+    import os
+    import shutil
+
+    from conftest import snapshot
+
+    from qkv.interop.ct2_engine import CACHE_MANIFEST, UNCHECKED, checkpoint_digest, verify_entry
+
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(LINES) + "\n")
+    args = ["translate", "--checkpoint", str(tiny_run), "--engine", "ctranslate2", "-i", str(src)]
+    assert main(args) == 0
+    good = capsys.readouterr().out
+    ours = export_dir(checkpoint.resolve(tiny_run))
+    digest = checkpoint_digest(checkpoint.resolve(tiny_run))
+    assert verify_entry(ours, digest) is None and json.loads((ours / CACHE_MANIFEST).read_text())["files"]["model.bin"]
+    other, _ = ensure_export(random_checkpoint, log=lambda m: None)  # another model's export, in the same cache
+    # another model's model.bin in the entry: exported again, and the translations are this model's
+    shutil.copy(other / "model.bin", ours / "model.bin")
+    assert main(args) == 0
+    swapped = capsys.readouterr()
+    assert swapped.out == good and f"the CTranslate2 export {ours} does not verify (model.bin is " in swapped.err  # another size
+    logs = []
+    log = logs.append
+    for damage, why in [
+        (lambda d: os.truncate(d / "model.bin", (d / "model.bin").stat().st_size // 2), "model.bin is "),  # cut short
+        (lambda d: (d / CACHE_MANIFEST).write_text((d / CACHE_MANIFEST).read_text().replace('"export_version": 2', '"export_version": 1')),
+         "written with export version 1, not 2"),  # an older export code's
+        (lambda d: (shutil.rmtree(d), shutil.copytree(other, d)), "the export of another checkpoint"),  # a whole entry copied
+        (lambda d: (d / "model.bin").unlink(), "model.bin is missing"),
+    ]:
+        ensure_export(tiny_run, log=lambda m: None)
+        if not ours.exists():  # the entry is unchecked until a translation checks it: give it its checked name
+            os.replace(ours.with_name(ours.name + UNCHECKED), ours)
+        damage(ours)
+        logs.clear()
+        made, fresh = ensure_export(tiny_run, log=log)
+        assert fresh and why in logs[0] and logs[1].startswith("exporting"), logs
+        assert verify_entry(made, digest) is None
+        os.replace(made, ours)
+    # Directories qkv cannot prove it wrote: refused in one line naming them, every byte kept.
+    for mine in ("no manifest", "a file of the user's"):
+        if mine == "no manifest":
+            (ours / CACHE_MANIFEST).unlink()  # an entry from before manifests, or one made by hand
+        else:
+            ensure_export(tiny_run, log=lambda m: None)
+            os.replace(ours.with_name(ours.name + UNCHECKED), ours)
+            (ours / "notes.txt").write_text("mine\n")
+        before = snapshot(ours)
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"qkv translate: error: {ours} is in qkv's CTranslate2 cache but "), err
+        assert snapshot(ours) == before
+        shutil.rmtree(ours)
