@@ -15,7 +15,9 @@ Matching on a source sentence (``Glossary.matches``):
 - a term written all in lower case matches any case ("apple" finds "Apple" at a sentence's start); a
   term with a capital letter matches only as written ("Apple" does not find "apple");
 - where terms overlap, the longest wins, then the leftmost ("New York City" before "New York");
-- a term found twice is asked for twice: the translation must hold its form twice.
+- a term found twice is asked for twice: the translation must hold its form twice; and two terms
+  with the same form ("man" and "guy", both "Mann") need it twice: a place in the translation
+  answers one term (``answers``).
 
 Matching on a translation (``found``): a target form is found where it stands as whole words, exactly
 as written, except that a form that starts in lower case is also found with a capital first letter
@@ -170,13 +172,40 @@ class Glossary:
         return sorted(hits, key=lambda h: h[1])
 
 
+def answers(glossary: Glossary, matches: list[TermMatch], translation: str) -> list[tuple[str, int, int] | None]:
+    """For each match, the place in ``translation`` that answers it: (form, start, end), or None. One
+    place answers one match: a term found twice in the source needs two of its forms, and two terms
+    with the same form ("man" and "guy", both "Mann") need it twice. As many matches are answered as
+    can be (a maximum matching, found by augmenting paths); where that leaves a choice, the k-th match
+    in the source takes the k-th place left in the translation."""
+    hits = {m.term: glossary.found(m.term, translation) for m in matches}
+    owner: dict[tuple[str, int, int], int] = {}  # a place -> the match it answers
+
+    def claim(i: int, seen: set) -> bool:
+        # a place overlapping another that answers a match is taken (forms of different lengths)
+        places = [h for h in hits[matches[i].term]
+                  if h not in seen and not any(o != h and o[1] < h[2] and o[2] > h[1] for o in owner)]
+        for hit in places:  # a free place first, leftmost: the k-th match takes the k-th place left
+            if hit not in owner:
+                owner[hit] = i
+                return True
+        for hit in places:  # else move the match that holds one to another place, if it has one
+            if hit not in seen:
+                seen.add(hit)
+                if claim(owner[hit], seen):
+                    owner[hit] = i
+                    return True
+        return False
+
+    for i in range(len(matches)):
+        claim(i, set())
+    out: list[tuple[str, int, int] | None] = [None] * len(matches)
+    for hit, i in owner.items():
+        out[i] = hit
+    return out
+
+
 def missing(glossary: Glossary, matches: list[TermMatch], translation: str) -> list[TermMatch]:
-    """The matches whose term is not in ``translation`` as often as the source asks for it: a term
-    found twice in the source needs two of its forms in the translation."""
-    need: dict[Term, list[TermMatch]] = {}
-    for m in matches:
-        need.setdefault(m.term, []).append(m)
-    out = []
-    for term, ms in need.items():
-        out += ms[len(glossary.found(term, translation)) :]
-    return sorted(out, key=lambda m: m.start)
+    """The matches no place of ``translation`` answers (``answers``): a term found twice in the source
+    needs two of its forms in the translation, and two terms with one form need it twice."""
+    return [m for m, hit in zip(matches, answers(glossary, matches, translation)) if hit is None]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from qkv.data.sentences import AS_IS, Line, prepare_line
 from qkv.data.term_annotation import annotate
 from qkv.infer.constrained import constrained_beam_search
-from qkv.infer.glossary import Glossary, Term, TermMatch, missing, word_indices
+from qkv.infer.glossary import Glossary, Term, TermMatch, answers, missing, word_indices
 from qkv.infer.search import loops
 from qkv.infer.translator import Translator, collate_sources, length_batches, suppressed_tokens
 
@@ -136,19 +136,33 @@ def writable_forms(tokenizer, term: Term, joins: frozenset[int]) -> list[list[in
 
 
 def term_uses(glossary: Glossary, matches: list[TermMatch], sentence: str, translation: str) -> list[TermUse]:
-    """Each match with the form that answers it in ``translation``: the k-th time a term stands in the
-    source is answered by the k-th place one of its forms stands in the translation."""
-    hits = {m.term: glossary.found(m.term, translation) for m in matches}
-    seen: dict[Term, int] = {}
+    """Each match with the place that answers it in ``translation`` (``glossary.answers``: one place
+    answers one match, so the k-th time a term stands in the source is answered by the k-th place one
+    of its forms stands in the translation, and two terms with one form need it twice)."""
     uses = []
-    for m in matches:
-        k = seen[m.term] = seen.get(m.term, -1) + 1
+    for m, hit in zip(matches, answers(glossary, matches, translation)):
         use = TermUse(m.term, sentence[m.start : m.end], m.words)
-        if k < len(hits[m.term]):
-            form, start, end = hits[m.term][k]
+        if hit is not None:
+            _, start, end = hit
             use.found, use.target_words = translation[start:end], word_indices(translation, start, end)
         uses.append(use)
     return uses
+
+
+def sentence_matches(glossary: Glossary, written: str, searched: str) -> list[TermMatch]:
+    """Where ``glossary``'s terms stand in a sentence: in ``written``, the sentence as its line has it,
+    then in ``searched``, the same sentence recased for the search (``prepare_line``: "A Trip To New
+    York" -> "A trip to new york"), where no match of the first overlaps. A term with a capital letter
+    matches only as written, so matching the recased sentence alone missed "New York" in a Title Case
+    line. The two have the same length (lower-casing kept every character; else ``searched`` alone), so
+    a match's place is the same in both."""
+    if written == searched or len(written) != len(searched):
+        return glossary.matches(searched)
+    found = glossary.matches(written)
+    for m in glossary.matches(searched):  # e.g. a capitalised term that only the recased sentence shows as written
+        if not any(m.start < f.end and m.end > f.start for f in found):
+            found.append(m)
+    return sorted(found, key=lambda m: m.start)
 
 
 def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary], *,
@@ -163,7 +177,13 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     lines = [prepare_line(t, translator.text) if translator.text else Line([t], [], [AS_IS]) for t in texts]
     sentences = [s for line in lines for s in line.sentences]
     owners = [g for line, g in zip(lines, glossaries) for _ in line.sentences]
-    matches = [g.matches(s) for g, s in zip(owners, sentences)]
+    # The terms are looked for in the text as written as well as recased (``sentence_matches``).
+    as_written = ([prepare_line(t, replace(translator.text, recase=False)) for t in texts]
+                  if translator.text and translator.text.recase else lines)
+    written = [s for line in as_written for s in line.sentences]
+    if len(written) != len(sentences):  # the same cuts either way; should they differ, the recased text alone
+        written = sentences
+    matches = [sentence_matches(g, w, s) for g, w, s in zip(owners, written, sentences)]
     if getattr(model, "term_aware", False):  # a model trained with inline terms reads each term's form after its source term
         shown = [annotate(s, [(m.start, m.end, m.term.forms[0]) for m in ms]) for s, ms in zip(sentences, matches)]
     else:
@@ -200,7 +220,7 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     out = []
     for i, (sentence, glossary) in enumerate(zip(sentences, owners)):
         translation = tok.decode(tokens[i])
-        uses = term_uses(glossary, matches[i], sentence, translation)
+        uses = term_uses(glossary, matches[i], written[i], translation)  # each term as the line has it
         for use in uses:
             use.writable = bool(forms_of(use.term))
         out.append(SentenceTerms(sentence, translation, uses, i in again and i not in unplaceable, tokens[i], i in unplaceable))

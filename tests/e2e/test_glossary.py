@@ -187,3 +187,21 @@ def test_pseudo_terms_then_term_aware_fine_tuning(random_checkpoint, tmp_path):
     result = qkv(*train, "--data", "term_share=0.5", f"term_file={terms}", "--out", tmp_path / "run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert checkpoint.load(tmp_path / "run").model.term_aware and not checkpoint.load(random_checkpoint).model.term_aware
+
+
+def test_a_capitalised_term_in_a_title_case_line_and_two_terms_of_one_form_are_asked_for(trained):
+    """A term with a capital letter standing as written in a Title Case line was neither asked for nor
+    reported ("terms": []): the line was matched after it was recased for the search. And two terms
+    with one form ("man" and "guy", both "Mann") were both reported at one "Mann", with no constrained
+    search for the second: now the translation holds the form twice, each term at its own word."""
+    from qkv.data.sentences import TextOptions
+
+    translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=2), text=TextOptions(split="en", recase=True))
+    title, both = translate_with_glossary(translator, ["Two Dogs Run Through New York", "A man talks to a guy."],
+                                          Glossary.parse(["New York\tNew York", "man\tMann", "guy\tMann"]))
+    (term,) = title.terms()
+    assert term["source"] == "New York" and term["found"] == "New York", title.as_dict()
+    assert "New York" in title.text
+    man, guy = both.terms()
+    assert (man["source"], guy["source"]) == ("man", "guy") and man["found"] == guy["found"] == "Mann", both.as_dict()
+    assert man["target_words"] != guy["target_words"] and both.text.count("Mann") >= 2

@@ -112,3 +112,35 @@ def test_pseudo_terms_are_found_by_their_pair_and_a_wrong_file_is_one_line(tmp_p
     path.write_text('{"a": 1}\n', encoding="utf-8")
     with pytest.raises(QkvError, match="line 1 is not a JSON list"):
         read_pseudo_terms(path, ["a"], ["b"])
+
+
+def test_two_terms_with_one_form_need_it_twice_and_are_answered_at_two_places():
+    """"man" -> "Mann" and "guy" -> "Mann" in one sentence: one "Mann" answered both (both reported found
+    at the same word, no constrained search for the second); a place now answers one term."""
+    from qkv.infer.terms import term_uses
+
+    glossary = Glossary.parse(["man\tMann", "guy\tMann"])
+    sentence = "A man talks to a guy"
+    matches = glossary.matches(sentence)
+    assert [m.term.source for m in missing(glossary, matches, "Ein Mann spricht mit einem Typen")] == ["guy"]
+    assert missing(glossary, matches, "Ein Mann spricht mit einem Mann") == []
+    uses = term_uses(glossary, matches, sentence, "Ein Mann spricht mit einem Mann")
+    assert [(u.source, u.found, u.target_words) for u in uses] == [("man", "Mann", (1,)), ("guy", "Mann", (5,))]
+    # the k-th time a term stands in the source is still answered by the k-th place its form stands
+    dogs = Glossary.parse(["dog\tHund"])
+    uses = term_uses(dogs, dogs.matches("a dog and another dog"), "a dog and another dog", "ein Hund und noch ein Hund")
+    assert [u.target_words for u in uses] == [(1,), (5,)]
+
+
+def test_a_place_two_terms_could_take_goes_to_the_one_that_has_no_other():
+    """"guy" (Mann or Kerl) stands before "man" (Mann only): taking the first place it may would leave
+    "man" unanswered in "Ein Mann und ein Kerl"; the matching moves "guy" to "Kerl"."""
+    from qkv.infer.glossary import answers
+
+    glossary = Glossary.parse(["man\tMann", "guy\tMann\tKerl"])
+    sentence, translation = "A guy and a man", "Ein Mann und ein Kerl"
+    matches = glossary.matches(sentence)
+    assert [m.term.source for m in matches] == ["guy", "man"]
+    assert [h and h[0] for h in answers(glossary, matches, translation)] == ["Kerl", "Mann"]
+    assert missing(glossary, matches, translation) == []
+    assert len(missing(glossary, matches, "Ein Mann und ein Hund")) == 1  # one "Mann" answers one of the two
