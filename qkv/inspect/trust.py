@@ -82,30 +82,29 @@ class Trust:
 
 
 def max_repeats(words: list[str], max_n: int = 4) -> int:
-    """The most times one n-gram (n <= ``max_n``) occurs back to back: "a b a b a b" -> 3."""
+    """The most times one n-gram (n <= ``max_n``) occurs back to back: "a b a b a b" -> 3 (case ignored).
+    Linear in the words: n-grams repeat from position k exactly while word k equals word k + n, so a
+    run of L such equal pairs holds 1 + L // n repeats."""
     best = 1 if words else 0
     lowered = [w.lower() for w in words]
     for n in range(1, max_n + 1):
-        for start in range(len(lowered) - n):
-            count, i = 1, start + n
-            while lowered[i : i + n] == lowered[start : start + n] and i + n <= len(lowered):
-                count, i = count + 1, i + n
-            best = max(best, count)
+        run = 0
+        for a, b in zip(lowered, lowered[n:]):
+            run = run + 1 if a == b else 0
+            best = max(best, 1 + run // n)
     return best
 
 
 def char_repeats(text: str, max_n: int = 3) -> int:
     """The most times one run of 1 to ``max_n`` characters occurs back to back, less two (so that German's
-    "fff" counts 1 and a loop inside a word, "EEEEEEEE" or "19999999", counts as many as it runs)."""
+    "fff" counts 1 and a loop inside a word, "EEEEEEEE" or "19999999", counts as many as it runs); linear
+    in the text, as ``max_repeats``."""
     best = 0
     for n in range(1, max_n + 1):
-        start = 0
-        while start + n <= len(text):
-            count, i = 1, start + n
-            while text[i : i + n] == text[start : start + n]:
-                count, i = count + 1, i + n
-            best = max(best, count)
-            start = i if count > 1 else start + 1
+        run = 0
+        for a, b in zip(text, text[n:]):
+            run = run + 1 if a == b else 0
+            best = max(best, 1 + run // n)
     return max(1, best - 2) if text else 0
 
 
