@@ -30,7 +30,7 @@ import torch
 
 from qkv.infer.search import DecodeConfig
 from qkv.infer.translator import Translator
-from qkv.cli.trust import calibrate
+from qkv.inspect.calibrate import calibrate
 from qkv.inspect.calibrate import FLAG_OF, KINDS, precision_at_recall, roc_auc, synthetic_pairs
 from qkv.infer.bleu import sentence_chrf
 from qkv.inspect.trust import assess, spearman

@@ -37,6 +37,8 @@ _LAZY = {  # name -> module, imported when the name is first used
     "build_configs": "qkv.train.recipes",
     "Glossary": "qkv.infer.glossary",
     "translate_with_glossary": "qkv.infer.terms",
+    "assess": "qkv.inspect.trust",
+    "translate_with_confidence": "qkv.inspect.trust",
 }
 
 __all__ = ["ModelConfig", "MultiHeadAttention", "Transformer", "model_preset", "scaled_dot_product_attention", *_LAZY]

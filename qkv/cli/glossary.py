@@ -41,7 +41,7 @@ def aligner(args: argparse.Namespace, model, tokenizer):
     from qkv.cli.trust import trust_model
     from qkv.inspect.terms import place
 
-    own = trust_model(args, model, tokenizer)[0]
+    own = trust_model(args, model, tokenizer, notice=False)[0]
     return lambda results: place(own, tokenizer, results)
 
 
@@ -58,7 +58,7 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
         if place is not None:
             place(results)
             return [json.dumps(r.as_dict() | {"translation": t}, ensure_ascii=False) for r, t in zip(results, texts)]
-        return annotate(lines, texts) if annotate is not None else texts
+        return annotate([[line] for line in lines], [[t] for t in texts], texts) if annotate is not None else texts
 
     return write
 

@@ -18,30 +18,36 @@ def confidence_arg(p: argparse.ArgumentParser, what: str) -> None:
                         "translation, confidence, flags, features and per-word marks (docs/trust.md)")
 
 
-def trust_model(args: argparse.Namespace, model, tokenizer):
+def trust_model(args: argparse.Namespace, model, tokenizer, *, notice: bool = True):
     """The model whose internals the trust signals read, and its calibration: the (first) checkpoint's own
-    float32 model (an --int8 or --bf16 copy or an ensemble is not it), and its confidence.json if it has one."""
+    float32 model (an --int8 or --bf16 copy or an ensemble is not it), and its confidence.json; without
+    one, the log-probability-only confidence, said in one line on stderr (``notice``)."""
     import torch
 
     from qkv.io import checkpoint
     from qkv.model.transformer import Transformer
-    from qkv.inspect.trust import calibration_of
+    from qkv.inspect.trust import UNCALIBRATED_NOTICE, calibration_of, is_calibrated
 
     paths = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
     if not isinstance(model, Transformer) or getattr(args, "int8", False) or model.src_embed.weight.dtype != torch.float32:
         model = checkpoint.load(paths[0], device=model.device).model
-    return model, tokenizer, calibration_of(checkpoint.resolve(paths[0]))
+    directory = checkpoint.resolve(paths[0])
+    calibration = calibration_of(directory)
+    if notice and not is_calibrated(calibration):
+        print(UNCALIBRATED_NOTICE.format(path=directory), file=sys.stderr)
+    return model, tokenizer, calibration
 
 
 def annotator(args: argparse.Namespace, model, tokenizer):
-    """For ``translate_stream``: sources and translations -> output lines with the confidence."""
-    from qkv.inspect.trust import assess
+    """For ``translate_stream``: per input line, the sentences the model read and its translations of
+    them, and the line written -> output lines with the confidence of what was translated."""
+    from qkv.inspect.trust import assess_lines
 
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
 
-    def annotate(sources: list[str], translations: list[str]) -> list[str]:
-        trusts = assess(model, tokenizer, sources, translations, calibration=calibration)
-        return [format_line(text, trust, args.confidence) for text, trust in zip(translations, trusts)]
+    def annotate(sources: list[list[str]], translations: list[list[str]], texts: list[str]) -> list[str]:
+        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration)
+        return [format_line(text, trust, args.confidence) for text, trust in zip(texts, trusts)]
 
     return annotate
 
@@ -54,56 +60,96 @@ def format_line(text: str, trust, form: str) -> str:
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/) to calibrate")
-    p.add_argument("--valid-src", help="validation sources (default: Multi30k val in the checkpoint's languages)")
+    p.add_argument("--valid-src", help="validation sources (default: the validation data its run recorded: Multi30k val, "
+                                       "its --valid-src, or the pairs it held out)")
     p.add_argument("--valid-tgt", help="their references")
-    p.add_argument("--data-dir", help="local Multi30k directory (default: $QKV_DATA, else the download cache)")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: the run's, else $QKV_DATA, else the download cache)")
     p.add_argument("--force", action="store_true", help="replace the checkpoint's calibration if it has one")
 
 
-def calibrate(model, tokenizer, sources: list[str], references: list[str], *, name: str) -> dict:
-    """Fit a calibration on validation pairs: the made-up labelled pairs, and the model's own beam-5
-    translations of the sources (its length penalty) scored by sentence chrF against the references."""
-    from qkv.infer.bleu import sentence_chrf
-    from qkv.infer.search import DecodeConfig
-    from qkv.infer.translator import Translator
-    from qkv.inspect.calibrate import fit, synthetic_pairs
-    from qkv.inspect.trust import assess
+def recorded_validation(config: dict, directory, data_dir: str | None = None):
+    """The validation pairs the run of a checkpoint recorded (its config's data section), as its training
+    read them, and their name; a one-line error where it records none (an imported model) or they are gone."""
+    from qkv.errors import DataError
+    from qkv.model.config import config_from_dict
+    from qkv.train.recipes import DataConfig, load_corpora
 
-    made = synthetic_pairs(sources, references)
-    print(f"translating {len(sources)} validation sources, then scoring them and {len(made)} labelled pairs made "
-          f"from {name} ...", file=sys.stderr)
-    alpha = getattr(model, "decode_defaults", {}).get("length_penalty", 0.6)
-    own = Translator(model, tokenizer, DecodeConfig(beam_size=5, length_penalty=alpha)).translate(sources)
-    chrf = sentence_chrf(own, references)
-    trusts = assess(model, tokenizer, [s for _, s, _ in made], [t for _, _, t in made])
-    own_trusts = assess(model, tokenizer, sources, own)
-    return fit(trusts, [k for k, _, _ in made], name=f"{len(made)} pairs and {len(own)} translations from {name}",
-               own=own_trusts, own_chrf=chrf)
+    data = config.get("data") or {}
+    corpus = data.get("corpus")
+    if not corpus:
+        raise QkvError(f"{directory}: its config names no corpus it was trained on (an imported model?): give "
+                       "--valid-src and --valid-tgt, validation pairs in its languages")
+    try:
+        if corpus == "prepared":
+            from qkv.io.prepared import load_prepared
+
+            return load_prepared(data["data_dir"]).validation(data.get("valid_limit") or 0), f"the validation pairs of {data['data_dir']}"
+        known = {k: v for k, v in data.items() if k in DataConfig.__dataclass_fields__}
+        if data_dir and corpus == "multi30k":
+            known["data_dir"] = data_dir
+        cfg = config_from_dict(DataConfig, known)
+        valid = load_corpora(cfg)[1]
+    except (OSError, KeyError, ValueError, DataError) as error:
+        raise QkvError(f"{directory}: the validation data its run recorded cannot be read ({str(error).splitlines()[0]}): "
+                       "give --valid-src and --valid-tgt") from None
+    if corpus == "multi30k":
+        return valid, f"Multi30k val {cfg.src_lang}-{cfg.tgt_lang}"
+    return valid, f"{cfg.valid_src} / {cfg.valid_tgt}" if cfg.valid_src else f"{valid.name}"
+
+
+def summary(calibration: dict) -> str:
+    """One line: what the confidence reads, how it ranked val (cross-validated) and where the flags are."""
+    thresholds = ", ".join(f"{k} {'never' if v is None else f'{v:.3g}'}" for k, v in calibration["thresholds"].items())
+    if calibration.get("kind") == "logprob":
+        what = f"log-probability only ({calibration.get('why', '')})"
+    else:
+        best, lp = calibration["selection"][-1], calibration["logprob"]
+        what = (f"{' + '.join(calibration['features'])}: acceptable (chrF >= {calibration['acceptable']:g}) ranked at ROC AUC "
+                f"{best['roc_auc']:.3f} (logprob_mean alone {lp['roc_auc']:.3f}), cross-validated")
+    return f"{what}; flags at {thresholds}"
 
 
 @command("calibrate", "fit the confidence and the flags of --confidence on validation pairs, into the checkpoint", _calibrate_args)
 def calibrate_command(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from qkv.cli.common import LOOP_GUARD
     from qkv.io import checkpoint
-    from qkv.data.corpus import load_multi30k, read_parallel
+    from qkv.data.corpus import read_parallel
+    from qkv.inspect.calibrate import calibrate_checkpoint
     from qkv.inspect.trust import CONFIDENCE
 
-    # Everything add_file would refuse (a file of yours in the checkpoint, an existing calibration), refused
-    # before the minutes of scoring
-    directory = checkpoint.check_add_file(args.checkpoint, CONFIDENCE, replace=args.force)
-    loaded = checkpoint.load(directory)
     if bool(args.valid_src) != bool(args.valid_tgt):
         raise QkvError("--valid-src and --valid-tgt go together")
+    # A symlinked checkpoint (or run) is calibrated where it really is: the link stays a link to it.
+    target = Path(os.path.realpath(checkpoint.resolve(args.checkpoint)))
+    # Everything add_file would refuse (a file of yours in the checkpoint, an existing calibration), and
+    # the validation data, refused before the minutes of scoring
+    directory = checkpoint.check_add_file(target, CONFIDENCE, replace=args.force)
     if args.valid_src:
         pairs, name = read_parallel(args.valid_src, args.valid_tgt), f"{args.valid_src} / {args.valid_tgt}"
     else:
-        data = loaded.config.get("data", {})
-        if data.get("corpus", "multi30k") != "multi30k":
-            raise QkvError("this model was not trained on Multi30k: give --valid-src and --valid-tgt (its validation pairs)")
-        src, tgt = data.get("src_lang") or "en", data.get("tgt_lang") or "de"
-        pairs, name = load_multi30k("val", src, tgt, args.data_dir), f"Multi30k val {src}-{tgt}"
-    calibration = calibrate(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, name=name)
-    checkpoint.add_file(directory, CONFIDENCE, lambda path: path.write_text(json.dumps(calibration, indent=1) + "\n"),
-                        replace=args.force)
-    thresholds = ", ".join(f"{k} {'never' if v is None else f'{v:.3g}'}" for k, v in calibration["thresholds"].items())
-    print(f"calibrated {directory}: {CONFIDENCE} (flags at {thresholds})", file=sys.stderr)
+        pairs, name = recorded_validation(checkpoint.read_config(directory), directory, args.data_dir)
+    calibration = calibrate_checkpoint(directory, pairs.src, pairs.tgt, name=name, loop_guard=LOOP_GUARD, replace=args.force)
+    print(f"calibrated {directory}: {CONFIDENCE}: {summary(calibration)}", file=sys.stderr)
     return 0
+
+
+def calibrate_after_training(final, valid) -> None:
+    """``qkv train``'s last step: the final checkpoint calibrated on the run's validation pairs
+    (``valid``, a ``ParallelCorpus``). Any failure leaves the checkpoint as it was, uncalibrated, and
+    says so in one line: the run's work and its exit status are kept."""
+    from qkv.cli.common import LOOP_GUARD
+    from qkv.inspect.calibrate import calibrate_checkpoint
+    from qkv.inspect.trust import CONFIDENCE
+
+    try:
+        calibration = calibrate_checkpoint(final, valid.src, valid.tgt, name=f"the run's validation pairs ({valid.name})",
+                                           loop_guard=LOOP_GUARD)
+    except Exception as error:  # noqa: BLE001 (the trained model is kept whatever went wrong here)
+        what = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"note: {final} was not calibrated ({what}); its confidence is log-probability "
+              f"only until qkv calibrate --checkpoint {final} fits one", file=sys.stderr)
+        return
+    print(f"calibrated {final}: {CONFIDENCE}: {summary(calibration)}", file=sys.stderr)

@@ -12,16 +12,55 @@ and the translation of one in capitals back into capitals.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 
 import sentencex
 
 # A piece with no letter (a list's "1." or a stray "--") is not a sentence: it stays with the next one.
 _LETTER = re.compile(r"[^\W\d_]")
-_WORD = re.compile(r"\S*[^\W\d_]\S*")  # a run of non-spaces with a letter in it
+_SPACE = re.compile(r"\s")  # a word is a run of non-spaces with a letter in it (counted run by run: a regex
+# for it, \S*[^\W\d_]\S*, reads a run without a letter once from each of its characters)
 # sentencex ends a sentence after a number that follows a comma or semicolon: a list's ("a dog runs; 2.
 # A cat sleeps") belongs to the next item; a date's ("Montag, 12. Mai 1952") is not a sentence end at all.
-_NUMBER = re.compile(r"(?<=[;,:])(\s*\d{1,3}[.)]\s*)$")
+# At most 32 spaces between the comma and the number, so that the match lies within the last
+# _NUMBER_REACH characters before a line's trailing spaces: looked for in those, each piece costs its own length.
+_NUMBER = re.compile(r"(?<=[;,:])(\s{0,32}\d{1,3}[.)]\s*)$")
+_NUMBER_REACH = 40
+# sentencex 1.0.32 panics (a Rust slice inside a character) on a letter, a non-ASCII space and a full stop
+# ("Plan B\u00a0."): sentencex is given such a space as an ASCII one (only between a letter and a full
+# stop: elsewhere, as before; on 60,000 random lines of letters, spaces and stops, no cut changed).
+_WIDE = "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\x85"
+_WIDE_BEFORE_STOP = re.compile(rf"(?<=[^\W\d_])\s*[{_WIDE}]\s*(?=\.)")
+_AS_ASCII = {ord(c): " " for c in _WIDE}
+
+
+class SplitterWarning(UserWarning):
+    """sentencex failed on a line: the line is translated as one sentence."""
+
+
+def _segment(line: str, lang: str) -> list[str]:
+    """sentencex's pieces of ``line`` (they join back into it), or the whole line as one piece, with a
+    one-line warning, if sentencex fails on it: a third-party library's failure costs this line its
+    split, never the other lines (issue 72)."""
+    try:
+        pieces = sentencex.segment(lang, _WIDE_BEFORE_STOP.sub(lambda m: m.group().translate(_AS_ASCII), line))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # a Rust panic arrives as pyo3's PanicException, a BaseException
+        warnings.warn(f"the sentence splitter failed on a line of {len(line)} characters ({type(error).__name__}: "
+                      f"{str(error).splitlines()[0] if str(error) else 'no message'}); it is translated as one sentence",
+                      SplitterWarning, stacklevel=3)
+        return [line]
+    out, at = [], 0
+    for piece in pieces:  # the same characters as ``line`` (a space replaced is one character)
+        out.append(line[at : at + len(piece)])
+        at += len(piece)
+    if at != len(line):  # never seen: sentencex's pieces always join back into its input
+        warnings.warn("the sentence splitter's pieces do not join back into the line; it is translated as one sentence",
+                      SplitterWarning, stacklevel=3)
+        return [line]
+    return out
 
 
 def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
@@ -29,22 +68,41 @@ def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
     by sentencex's rules for ``lang`` (an ISO 639 code; an unknown one falls back to its English rules).
     A piece without a letter goes with the sentence after it (or, last, before it). A piece that ends
     in a number after a comma or semicolon gives the number to the next piece when what stays is at
-    least two words (a list item), else is no sentence of its own (a date). A blank line has none."""
+    least two words (a list item), else is no sentence of its own (a date). A blank line has none.
+    Linear in the line's length: each piece is read once, however many wait for a sentence."""
     groups: list[str] = []  # each sentence's text with its whitespace
-    pending = ""  # pieces waiting for a sentence
-    for piece in sentencex.segment(lang, line):
-        piece = pending + piece
-        number = _NUMBER.search(piece)
-        if not _LETTER.search(piece) or (number and len(_WORD.findall(piece[: number.start()])) < 2):
-            pending = piece
+    pending: list[str] = []  # pieces waiting for a sentence (joined only once a sentence takes them)
+    letters = False  # whether the pending pieces hold a letter
+    words = 0  # the words of the pending pieces (runs of non-spaces with a letter)
+    open_word = False  # whether they end inside a run of non-spaces that holds a letter
+    ends_in_run = False  # whether they end in a non-space
+    tail = ""  # their last _NUMBER_REACH characters
+    for piece in _segment(line, lang):
+        runs = _SPACE.split(piece)  # its runs of non-spaces, the first and last empty where it starts or ends in a space
+        crossing = ends_in_run and runs[0] != "" and open_word and bool(_LETTER.search(runs[0]))
+        words += sum(bool(_LETTER.search(r)) for r in runs) - crossing  # a run that crosses into this piece is one word, not two
+        letters = letters or bool(_LETTER.search(piece))
+        open_word = bool(_LETTER.search(runs[-1])) or (len(runs) == 1 and ends_in_run and open_word)
+        ends_in_run = runs[-1] != "" or (len(runs) == 1 and ends_in_run)
+        pending.append(piece)
+        window, tail = tail + piece, (tail + piece)[-_NUMBER_REACH:]
+        if not letters or not piece.strip():  # no sentence yet; spaces alone change nothing the piece before decided
             continue
-        pending = number.group(1) if number else ""
-        groups.append(piece[: number.start()] if number else piece)
-    if pending:
+        number = _NUMBER.search(window)  # within reach: the piece holds the line's end but for spaces
+        if number and words < 2:  # a date's day, or a lone word and its number: no sentence end
+            continue
+        text = "".join(pending)
+        cut = len(text) - len(number.group(1)) if number else len(text)
+        groups.append(text[:cut])
+        rest = text[cut:]  # a list's number, which goes with the next sentence
+        pending, letters, words, open_word, tail = [rest] if rest else [], False, 0, False, rest[-_NUMBER_REACH:]
+        ends_in_run = rest != "" and not rest[-1].isspace()
+    rest = "".join(pending)
+    if rest:
         if groups:
-            groups[-1] += pending
+            groups[-1] += rest
         else:
-            groups.append(pending)
+            groups.append(rest)
     groups = [g for g in groups if g.strip()]
     spaces = [(a[len(a.rstrip()) :] + b[: len(b) - len(b.lstrip())]) or " " for a, b in zip(groups, groups[1:])]
     return [g.strip() for g in groups], spaces

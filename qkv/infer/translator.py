@@ -27,6 +27,17 @@ class Translation:
     score: float
 
 
+@dataclass
+class TranslatedLine:
+    """One input line's 1-best translation (``text``, as written out) and what the search saw: the
+    ``sentences`` the model read (split, recased) and its ``outputs`` for them, before they were recased
+    and joined (what the trust pass judges)."""
+
+    text: str
+    sentences: list[str]
+    outputs: list[str]
+
+
 def collate_sources(src_ids: list[list[int]], *, pad_id: int, eos_id: int) -> torch.Tensor:
     """(B, S) source batch: each sentence + EOS, right-padded, as in training."""
     S = max(len(s) for s in src_ids) + 1
@@ -87,6 +98,12 @@ class Translator:
     ``text``: how ``translate`` treats a line (``qkv.data.sentences.TextOptions``): cut into sentences
     that are searched in one batch and joined back into one line, and sentences in capitals translated
     in sentence case and written back in capitals. None (the default): each text is one sentence, as written.
+
+    Defaults that differ from ``qkv translate``'s: the command line cuts lines into sentences and
+    recases them (``text=TextOptions(split=<source language>, recase=True)``) and runs the loop guard
+    (``DecodeConfig(loop_guard=2)``); a Translator does neither unless given them, so that a sentence is
+    searched exactly as written. ``qkv.translate_with_confidence(translator, texts)`` gives what ``qkv
+    translate --confidence`` gives, with the checkpoint's own calibration.
 
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
     once where the program starts (the command line and the server do): every decoding step
@@ -220,6 +237,18 @@ class Translator:
         """One translation per input text, in order; an empty (or blank) input gives ''."""
         return [nbest[0].text for nbest in self.translate_nbest(texts)]
 
+    def translate_lines(self, texts: list[str]) -> list[TranslatedLine]:
+        """``translate``'s translations with the sentences the model read and its outputs for them."""
+        lines = [prepare_line(t, self.text) if self.text is not None else None for t in texts]
+        sentences = [line.sentences if line is not None else [t] for line, t in zip(lines, texts)]
+        hyps = self.translate_ids([self.encode(s) for group in sentences for s in group])  # one batch for all
+        out, start = [], 0
+        for line, group in zip(lines, sentences):
+            outputs = [self.tokenizer.decode(hs[0].tokens) for hs in hyps[start : start + len(group)]]
+            out.append(TranslatedLine(outputs[0] if line is None else line.join(outputs), group, outputs))
+            start += len(group)
+        return out
+
 
 # Lines of a file or pipe that ``translate_stream`` reads, sorts by length and batches at once. With
 # 256, ``qkv translate`` (two decoding workers) made 0.77x the sentences/s of 1,024 on val, greedy,
@@ -234,8 +263,9 @@ def translate_stream(translator: Translator, source, sink, *, name: str, n_best:
 
     Interactive input is answered line by line; files and pipes are translated ``lines`` (default
     ``STREAM_LINES``, 1,024) lines at a time. With ``n_best`` > 1 each line holds the N best,
-    tab-separated with their scores. ``annotate``: given the sources and their translations, the output
-    lines to write instead of the translations (``qkv translate --confidence``; with ``n_best`` 1).
+    tab-separated with their scores. ``annotate``: given each line's sentences as the model read them, its
+    translations of them and the line's translation as written, the output lines to write instead of
+    the translations (``qkv translate --confidence``; with ``n_best`` 1).
     ``write``: given the input lines, the output lines, one each, in place of the translator's own
     (``qkv translate --glossary``).
     """
@@ -271,12 +301,13 @@ def _write_translations(translator: Translator, lines: list[str], sink, n_best: 
         sink.writelines(line + "\n" for line in write(lines))
         sink.flush()
         return
-    results = translator.translate_nbest(lines)
-    if annotate is not None:
-        firsts = [" ".join(nbest[0].text.splitlines()) for nbest in results]
-        sink.writelines(line + "\n" for line in annotate(lines, firsts))
+    if annotate is not None:  # the trust pass judges what the model read and wrote, sentence by sentence
+        done = translator.translate_lines(lines)
+        texts = [" ".join(line.text.splitlines()) for line in done]
+        sink.writelines(line + "\n" for line in annotate([d.sentences for d in done], [d.outputs for d in done], texts))
         sink.flush()
         return
+    results = translator.translate_nbest(lines)
     for nbest in results:
         texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
         if n_best == 1:

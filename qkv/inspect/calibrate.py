@@ -1,33 +1,54 @@
-"""Calibrating trust: pairs with exact labels made from validation data, the confidence fitted on them,
-and the measures that say how well a detector separates them.
+"""Calibrating trust: a model's confidence fitted on its own translations of validation data, the flags'
+thresholds on pairs with exact labels, and the measures that say how well a detector ranks.
 
-``synthetic_pairs`` turns (source, reference) pairs into six kinds of (source, target) pairs whose
-label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
-reference), ``partly-detached`` (the reference's second half replaced by the second half of
-another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
-itself) and ``omission`` (the reference's second half dropped). ``fit`` chooses the confidence's
-weights and each flag's threshold on them, and on the model's own translations of the same sources
-scored by sentence chrF against their references: the confidence is a logistic regression with soft
-targets (1 for a reference, 0 for a made-up pathology, chrF / 100 for the model's own translation),
-so that it ranks the model's real output as its quality does and puts every pathology below.
+``calibrate`` translates the validation sources as the command line does (beam search with the loop
+guard), and also ``JOIN_EVERY``-th pairs joined two to a line (provoking inputs made from val, with
+their references joined: long lines are where the model drops clauses and loops). Each translation
+is **acceptable** when its sentence chrF against the reference is at least ``ACCEPTABLE``. ``fit``:
+
+- the confidence: a logistic regression of "acceptable" on the standardised features, whose base is
+  ``logprob_mean`` (its weight is kept >= 0, so the confidence never falls as the mean log-probability
+  rises), and to which another feature of ``CANDIDATES`` is added, one at a time, up to
+  ``MAX_FEATURES`` in all, only where it raises the cross-validated ROC AUC (``FOLDS`` folds) by at least
+  ``MIN_GAIN`` without lowering the cross-validated Spearman correlation with sentence chrF. With fewer
+  than ``MIN_CLASS`` acceptable or unacceptable translations there is nothing to fit: the calibration is
+  log-probability-only (``qkv.inspect.trust.LOGPROB_ONLY``'s confidence), say, for a model that
+  translates all of its validation data right.
+- the flags: ``synthetic_pairs`` turns (source, reference) pairs into six kinds of (source, target) pairs
+  whose label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
+  reference), ``partly-detached`` (the reference's second half replaced by the second half of
+  another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
+  itself) and ``omission`` (the reference's second half dropped); each flag's threshold is the lowest
+  cut that flags at most ``MAX_FALSE_ALARMS`` of the references and acceptable translations and more of
+  its kind. References shorter than four words make no such pairs: the flags are then
+  ``LOGPROB_ONLY``'s, which read the text alone.
+- ``length``: the expected translation length from the source's, a least-squares line through the
+  validation pairs' log word counts (the ``shortness`` feature).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import sys
 
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import FEATURES, FLAG_FEATURE, FLAGS, Trust
+from qkv.inspect.trust import FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, spearman
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
-# Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
-# How much the model's own translations count against all the made-up pairs together, chosen on the
-# natural pairs of val (docs/trust.md): any hallucination at ROC AUC 0.79 with 1, 0.58 with 4.
-OWN_WEIGHT = 1.0
+# Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
+# model of docs/trust.md: translations below it miss or garble a content word or more (read there).
+ACCEPTABLE = 50.0
+CANDIDATES = ("logprob_min", "logprob_std", "source_mean", "source_min", "unused", "length_ratio", "shortness", "copy")
+MAX_FEATURES = 3  # logprob_mean and at most two more
+MIN_GAIN = 0.005  # cross-validated ROC AUC a feature must add
+FOLDS = 5
+MIN_CLASS = 10  # acceptable and unacceptable translations each needed to fit the confidence
+JOIN_EVERY = 8  # every 8th validation pair is also joined with the next into one line
 MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
+# Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
 FLAG_OF = {kind: (flag, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for kind, flag in (
     ("detached", "detached"), ("partly-detached", "partly-detached"), ("oscillation", "repetition"), ("copy", "copy"),
     ("omission", "omission"))}
@@ -96,44 +117,198 @@ def _threshold(positive: list[float], negative: list[float], max_false: float = 
     return math.inf
 
 
-def fit(trusts: list[Trust], kinds: list[str], *, name: str, own: list[Trust] | None = None,
-        own_chrf: list[float] | None = None) -> dict:
-    """A calibration (``qkv.inspect.trust``'s format) fitted on labelled pairs and, if given, on the
-    model's own translations (``own``) with their sentence chrF (0-100): the logistic regression with
-    soft targets on the standardised features (module docstring), and each flag's threshold."""
-    if set(kinds) != set(KINDS):
-        raise QkvError(f"fitting needs pairs of every kind ({', '.join(KINDS)})")
-    own, own_chrf = own or [], own_chrf or []
-    x = torch.tensor([[t.features[f] for f in FEATURES] for t in [*trusts, *own]], dtype=torch.float64)  # (N, F)
-    y = torch.tensor([float(k == "correct") for k in kinds] + [c / 100 for c in own_chrf], dtype=torch.float64)  # (N,)
-    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
-    z = (x - mean) / std
-    # Weighted so that the references (a sixth of the made-up pairs) count as much as the pathologies
-    # together, and the model's own translations, if any, OWN_WEIGHT times as much as all the made-up pairs.
-    labelled = torch.tensor([k == "correct" for k in kinds], dtype=torch.float64)
-    weight = torch.where(labelled == 1, 0.5 / labelled.mean(), 0.5 / (1 - labelled.mean()))
-    if own:
-        weight = torch.cat([weight, torch.ones(len(own), dtype=torch.float64) * OWN_WEIGHT * len(trusts) / len(own)])
-    w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+def fit_length(sources: list[str], references: list[str]) -> list[float]:
+    """[a, b] of log(reference words + 1) ~ a + b log(source words + 1), least squares (b = 1, a the mean
+    log ratio, when every source has the same length)."""
+    x = torch.tensor([math.log(len(s.split()) + 1) for s in sources], dtype=torch.float64)
+    y = torch.tensor([math.log(len(r.split()) + 1) for r in references], dtype=torch.float64)
+    if len(x) == 0:
+        return [0.0, 1.0]
+    spread = ((x - x.mean()) ** 2).sum()
+    b = float(((x - x.mean()) * (y - y.mean())).sum() / spread) if spread > 1e-9 else 1.0
+    return [float(y.mean() - b * x.mean()), b]
 
-    def closure():
-        optimizer.zero_grad()
-        loss = (weight * torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y, reduction="none")).mean()
-        loss = loss + 1e-3 * (w**2).sum()  # a little L2: features such as copy and repeats are nearly separable
-        loss.backward()
-        return loss
 
-    with torch.enable_grad():
-        optimizer.step(closure)
-    thresholds = {}
-    correct = [t for t, k in zip(trusts, kinds) if k == "correct"] + own  # what a flag must leave alone
-    for kind, (flag, feature, sign) in FLAG_OF.items():
-        pos = [sign * t.features[feature] for t, k in zip(trusts, kinds) if k == kind]
-        cut = _threshold(pos, [sign * t.features[feature] for t in correct])
-        # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
-        thresholds[flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
-    assert set(thresholds) == set(FLAGS)
-    return {"features": list(FEATURES), "mean": mean.tolist(), "std": std.tolist(), "weights": w.detach().tolist(),
-            "bias": float(b.detach()), "thresholds": thresholds, "fitted_on": name, "own_translations": len(own)}
+def logistic(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Weights and bias of a logistic regression of y (N,) on x (N, F), standardised features, a little
+    L2; the first feature's weight is kept >= 0 (fitted again without it where it came out negative)."""
+    def solve(columns: list[int]) -> tuple[torch.Tensor, float]:
+        w = torch.zeros(len(columns), dtype=torch.float64, requires_grad=True)
+        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+        z = x[:, columns]
+
+        def closure():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y) + 1e-3 * (w**2).sum()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            optimizer.step(closure)
+        full = torch.zeros(x.size(1), dtype=torch.float64)
+        full[columns] = w.detach()
+        return full, float(b.detach())
+
+    w, b = solve(list(range(x.size(1))))
+    if w[0] < 0:
+        w, b = solve(list(range(1, x.size(1))))
+    return w, b
+
+
+def _matrix(trusts: list[Trust], features: list[str]) -> torch.Tensor:
+    return torch.tensor([[t.features[f] for f in features] for t in trusts], dtype=torch.float64)  # (N, F)
+
+
+def cross_validated(trusts: list[Trust], acceptable: list[bool], features: list[str], *, folds: int = FOLDS,
+                    seed: int = 1) -> list[float]:
+    """Each translation's logit from the regression fitted on the other folds (seeded folds)."""
+    order = list(range(len(trusts)))
+    random.Random(seed).shuffle(order)
+    x, y = _matrix(trusts, features), torch.tensor(acceptable, dtype=torch.float64)
+    out = [0.0] * len(trusts)
+    for k in range(folds):
+        held = order[k::folds]
+        train = sorted(set(order) - set(held))
+        mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
+        w, b = logistic((x[train] - mean) / std, y[train])
+        for i, z in zip(held, ((x[held] - mean) / std @ w + b).tolist()):
+            out[i] = z
+    return out
+
+
+def select_features(trusts: list[Trust], chrf: list[float], acceptable: list[bool]) -> tuple[list[str], list[dict]]:
+    """Forward selection (module docstring): the features, and each step's cross-validated numbers."""
+    def measure(features: list[str]) -> dict:
+        z = cross_validated(trusts, acceptable, features)
+        good, bad = [s for s, a in zip(z, acceptable) if a], [s for s, a in zip(z, acceptable) if not a]
+        return {"features": list(features), "roc_auc": roc_auc(good, bad), "spearman": spearman(z, chrf)}
+
+    chosen = ["logprob_mean"]
+    steps = [measure(chosen)]
+    while len(chosen) < MAX_FEATURES:
+        tried = [measure([*chosen, f]) for f in CANDIDATES if f not in chosen]
+        best = max(tried, key=lambda m: m["roc_auc"])
+        if best["roc_auc"] < steps[-1]["roc_auc"] + MIN_GAIN or best["spearman"] < steps[-1]["spearman"]:
+            break
+        chosen, steps = best["features"], [*steps, best]
+    return chosen, steps
+
+
+def reliability(confidence: list[float], good: list[bool], bins: int = 5) -> list[dict]:
+    """Per confidence bin of width 1 / ``bins``: how many translations, their mean stated confidence and
+    the share that is acceptable (the reliability diagram)."""
+    out = []
+    for k in range(bins):
+        inside = [(c, g) for c, g in zip(confidence, good) if k / bins <= c < (k + 1) / bins or (k == bins - 1 and c == 1)]
+        if inside:
+            out.append({"bin": [k / bins, (k + 1) / bins], "n": len(inside), "confidence": sum(c for c, _ in inside) / len(inside),
+                        "acceptable": sum(g for _, g in inside) / len(inside)})
+    return out
+
+
+def cut_table(confidence: list[float], good: list[bool], cuts: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)) -> list[dict]:
+    """Per threshold t (flag a translation below it): the share of the acceptable translations kept, of the
+    unacceptable ones flagged, and of all flagged."""
+    n_good, n_bad = max(1, sum(good)), max(1, len(good) - sum(good))
+    return [{"below": t, "acceptable_kept": sum(c >= t for c, g in zip(confidence, good) if g) / n_good,
+             "unacceptable_flagged": sum(c < t for c, g in zip(confidence, good) if not g) / n_bad,
+             "flagged": sum(c < t for c in confidence) / max(1, len(confidence))} for t in cuts]
+
+
+def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust] = (), kinds: list[str] = (),
+        length: list[float] | None = None, acceptable: float = ACCEPTABLE) -> dict:
+    """A calibration (``qkv.inspect.trust``'s format) from the model's own translations (``own``) with
+    their sentence chrF (0-100), and the labelled pairs ``made`` of ``kinds`` (``synthetic_pairs``;
+    none: the text-only flags): module docstring."""
+    if len(own) != len(own_chrf) or len(made) != len(kinds):
+        raise QkvError("fit needs one chrF per translation and one kind per labelled pair")
+    good = [c >= acceptable for c in own_chrf]
+    n_good = sum(good)
+    out: dict = {"version": 2, "acceptable": acceptable, "length": length or [0.0, 1.0],
+                 "fitted_on": name, "own_translations": len(own), "acceptable_share": n_good / max(1, len(own))}
+    if min(n_good, len(own) - n_good) < MIN_CLASS:
+        out.update(kind="logprob", features=[], mean=[], std=[], weights=[], bias=0.0,
+                   why=f"{n_good} of {len(own)} translations acceptable: too few of one kind to fit (log-probability only)")
+    else:
+        features, steps = select_features(own, own_chrf, good)
+        x = _matrix(own, features)
+        mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+        w, b = logistic((x - mean) / std, torch.tensor(good, dtype=torch.float64))
+        lp = [t.features["logprob_mean"] for t in own]
+        held = [1 / (1 + math.exp(-max(-50.0, min(50.0, z)))) for z in cross_validated(own, good, features)]
+        out.update(kind="fitted", features=features, mean=mean.tolist(), std=std.tolist(), weights=w.tolist(), bias=b,
+                   selection=steps, logprob={"roc_auc": roc_auc([v for v, g in zip(lp, good) if g], [v for v, g in zip(lp, good) if not g]),
+                                             "spearman": spearman(lp, own_chrf)},
+                   reliability=reliability(held, good), cuts=cut_table(held, good))
+    out["thresholds"] = dict(LOGPROB_ONLY["thresholds"])
+    if made:
+        if set(kinds) != set(KINDS):
+            raise QkvError(f"fitting the flags needs pairs of every kind ({', '.join(KINDS)})")
+        correct = [t for t, k in zip(made, kinds) if k == "correct"] + [t for t, g in zip(own, good) if g]
+        for kind, (flag, feature, sign) in FLAG_OF.items():
+            pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
+            cut = _threshold(pos, [sign * t.features[feature] for t in correct])
+            # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
+            out["thresholds"][flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
+    assert set(out["thresholds"]) == set(FLAGS)
+    return out
+
+
+def provoking_pairs(sources: list[str], references: list[str]) -> tuple[list[str], list[str]]:
+    """Every ``JOIN_EVERY``-th pair joined with the next into one line (sources and references alike)."""
+    picked = range(0, len(sources) - 1, JOIN_EVERY)
+    return [f"{sources[i]} {sources[i + 1]}" for i in picked], [f"{references[i]} {references[i + 1]}" for i in picked]
+
+
+def calibrate(model, tokenizer, sources: list[str], references: list[str], *, name: str, config=None,
+              log=lambda text: print(text, file=sys.stderr)) -> dict:
+    """The model's calibration on validation pairs (module docstring): its translations with ``config``
+    (a ``qkv.DecodeConfig``; None: the checkpoint's settings, as ``qkv.Translator``), scored by sentence
+    chrF, the features of each, and the labelled pairs for the flags where the references allow."""
+    from qkv.infer.bleu import sentence_chrf
+    from qkv.infer.translator import Translator
+    from qkv.inspect.trust import assess
+
+    keep = [i for i, (s, r) in enumerate(zip(sources, references)) if s.strip() and r.strip()]
+    if not keep:
+        raise QkvError(f"{name}: no validation pairs to calibrate on")
+    sources, references = [sources[i] for i in keep], [references[i] for i in keep]
+    joined_src, joined_ref = provoking_pairs(sources, references)
+    inputs, refs = sources + joined_src, references + joined_ref
+    try:
+        made = synthetic_pairs(sources, references)
+    except QkvError:  # short references (dates, words): the flags read the text alone
+        made = []
+    log(f"calibrating on {name}: translating {len(sources)} sources and {len(joined_src)} joined pairs, then scoring "
+        f"them{f' and {len(made)} labelled pairs' if made else ''} ...")
+    translations = Translator(model, tokenizer, config).translate(inputs)
+    chrf = sentence_chrf(translations, refs)
+    length = fit_length(sources, references)
+    probe = {**LOGPROB_ONLY, "length": length}
+    own = assess(model, tokenizer, inputs, translations, calibration=probe)
+    made_trusts = assess(model, tokenizer, [s for _, s, _ in made], [t for _, _, t in made], calibration=probe) if made else []
+    return fit(own, chrf, name=f"{len(inputs)} translations ({len(joined_src)} of joined pairs) of {name}"
+               + (f" and {len(made)} labelled pairs" if made else ""),
+               made=made_trusts, kinds=[k for k, _, _ in made], length=length)
+
+
+def calibrate_checkpoint(directory, sources: list[str], references: list[str], *, name: str, loop_guard: int = 0,
+                         replace: bool = False, log=lambda text: print(text, file=sys.stderr)) -> dict:
+    """Calibrate the checkpoint at ``directory`` on validation pairs (``calibrate``, searching with the
+    checkpoint's settings and ``loop_guard``) and add the result to it as ``confidence.json``
+    (``qkv.io.checkpoint.add_file``: verified, and put in place whole)."""
+    import json
+    from dataclasses import replace as with_
+
+    from qkv.infer.search import DecodeConfig
+    from qkv.io import checkpoint
+    from qkv.io.manifest import CONFIDENCE
+
+    directory = checkpoint.check_add_file(directory, CONFIDENCE, replace=replace)
+    loaded = checkpoint.load(directory)
+    config = with_(DecodeConfig(**getattr(loaded.model, "decode_defaults", {})), loop_guard=loop_guard)
+    calibration = calibrate(loaded.model, loaded.tokenizer, sources, references, name=name, config=config, log=log)
+    checkpoint.add_file(directory, CONFIDENCE, lambda path: path.write_text(json.dumps(calibration, indent=1) + "\n"),
+                        replace=replace)
+    return calibration

@@ -14,13 +14,20 @@ those and the two texts, per sentence (``FEATURES``):
   or of a run of one to three characters, less two (``char_repeats``: a loop inside a word);
 - ``copy``: character F-score (chrF) of the translation against its own source, in [0, 1];
 - ``length_ratio``: the absolute log of (translation words + 1) / (source words + 1): too long and too
-  short alike.
+  short alike;
+- ``shortness``: how much shorter the translation is than its source's expected length, max(0,
+  a + b log(source words + 1) - log(translation words + 1)), with a and b fitted on the validation
+  references (the calibration's ``length``; without one a = 0, b = 1): an omission signal.
 
-The ``confidence`` in [0, 1] is a logistic regression over these features (standardised), fitted on
-validation pairs with exact labels (``qkv calibrate``: the references against detached, partly
-detached, looping, copied and truncated versions of them); the flags are thresholds on single
-features, chosen on the same pairs. A checkpoint's own calibration lives in its ``confidence.json``;
-without one, ``DEFAULT_CALIBRATION`` (fitted on the README's En->De model, docs/trust.md) is used.
+The ``confidence`` in [0, 1] is the checkpoint's own (``calibration_of``): a logistic regression fitted
+on its translations of validation data (``qkv.inspect.calibrate``, ``qkv calibrate``, and the end of
+``qkv train``), whose base is ``logprob_mean`` with a weight that is never negative, and which takes
+another feature only where it ranked the validation translations better under cross-validation. A
+checkpoint without a calibration of its own gets ``LOGPROB_ONLY``: the confidence is the geometric mean
+of the tokens' probabilities, exp(``logprob_mean``), and only the flags that read the text alone
+(repetition, copy). The flags are thresholds on single features; ``repetition``, ``copy`` and
+``detached`` also cap the confidence at ``FLAG_CAP`` (a rare pathology overrides the ranking; the
+confidence stays non-decreasing in ``logprob_mean`` with everything else fixed).
 """
 
 from __future__ import annotations
@@ -41,22 +48,26 @@ from qkv.inspect.visualize import group_words
 from qkv.model.transformer import Transformer
 
 FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
-            "length_ratio")
+            "length_ratio", "shortness")
 FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
 LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
 
-# What `qkv calibrate` fitted on the En->De model of docs/trust.md (val lines 1-507; benchmarks/trust.py).
-DEFAULT_CALIBRATION: dict = {
-    "features": list(FEATURES),
-    "mean": [-4.3502, -10.2342, 3.2907, 0.5791, 0.4932, 0.0609, 1.5922, 0.2595, 0.266],
-    "std": [2.8844, 4.644, 1.5933, 0.0466, 0.0815, 0.1262, 1.4567, 0.3058, 0.2748],
-    "weights": [2.7538, -1.1012, -0.2489, -0.0681, 0.0885, -0.8885, -0.0655, 0.2615, -0.8506],
-    "bias": -1.8233,
-    "thresholds": {'detached': 0.4919, 'partly-detached': 0.2838, 'repetition': 2.0, 'copy': 0.3164, 'omission': 0.1111},
-    "fitted_on": "qkv calibrate on the README's En->De model: 3036 pairs and 507 translations from val lines 1-507",
+FLAG_CAP = 0.05  # a translation flagged repetition, copy or detached has at most this confidence
+CAPPED = ("detached", "repetition", "copy")
+
+# A checkpoint without a calibration of its own: the confidence is exp(logprob_mean), the geometric mean of
+# the tokens' probabilities (never another model's fit), and only the flags that read the text alone:
+# a run of one to four words four times back to back, or a character run of six ("EEEEEE"), and a
+# translation whose chrF against its own source is 0.9 or more.
+LOGPROB_ONLY: dict = {
+    "version": 2, "kind": "logprob", "features": [], "mean": [], "std": [], "weights": [], "bias": 0.0,
+    "thresholds": {"detached": None, "partly-detached": None, "repetition": 4.0, "copy": 0.9, "omission": None},
+    "fitted_on": "nothing: no confidence.json of its own (the confidence is exp(logprob_mean); run qkv calibrate)",
 }
+UNCALIBRATED_NOTICE = ("note: {path} has no calibration of its own (confidence.json): the confidence is the mean token "
+                       "probability exp(logprob_mean) and only the repetition and copy flags fire; qkv calibrate fits one")
 
 
 @dataclass
@@ -139,9 +150,9 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def load_calibration(path: str | Path | None) -> dict:
-    """A calibration file's contents (``confidence.json``), checked; None: ``DEFAULT_CALIBRATION``."""
+    """A calibration file's contents (``confidence.json``), checked; None: ``LOGPROB_ONLY``."""
     if path is None:
-        return DEFAULT_CALIBRATION
+        return LOGPROB_ONLY
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -150,30 +161,58 @@ def load_calibration(path: str | Path | None) -> dict:
     return data
 
 
-def calibration_of(directory: Path) -> dict:
+def calibration_of(directory: str | Path) -> dict:
     """A checkpoint's own calibration (its ``confidence.json``, verified with the rest of the checkpoint
-    when it was loaded), else ``DEFAULT_CALIBRATION``."""
+    when it was loaded), else ``LOGPROB_ONLY``: never another model's."""
     path = Path(directory) / CONFIDENCE
-    return load_calibration(path) if path.is_file() else DEFAULT_CALIBRATION
+    return load_calibration(path) if path.is_file() else LOGPROB_ONLY
+
+
+def is_calibrated(calibration: dict) -> bool:
+    """False for ``LOGPROB_ONLY`` (and any log-probability-only calibration)."""
+    return calibration.get("kind", "fitted") == "fitted"
 
 
 def check_calibration(data: object, name: str) -> None:
-    n = len(FEATURES)
-    ok = (isinstance(data, dict) and data.get("features") == list(FEATURES)
-          and all(isinstance(data.get(k), list) and len(data[k]) == n and all(isinstance(x, (int, float)) and math.isfinite(x) for x in data[k])
-                  for k in ("mean", "std", "weights"))
-          and all(x > 0 for x in data["std"]) and isinstance(data.get("bias"), (int, float)) and math.isfinite(data["bias"])
-          and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) == set(FLAGS)
-          and all(v is None or isinstance(v, (int, float)) and math.isfinite(v) for v in data["thresholds"].values()))
+    """A calibration written by ``qkv calibrate`` (this version's, or the nine-feature one before it)."""
+    def finite(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    ok = isinstance(data, dict) and data.get("kind", "fitted") in ("fitted", "logprob")
+    if ok:
+        features = data.get("features")
+        ok = (isinstance(features, list) and len(set(features)) == len(features) and set(features) <= set(FEATURES)
+              and (data.get("kind", "fitted") == "logprob" or "logprob_mean" in features)
+              and all(isinstance(data.get(k), list) and len(data[k]) == len(features) and all(map(finite, data[k]))
+                      for k in ("mean", "std", "weights"))
+              and all(x > 0 for x in data["std"]) and finite(data.get("bias"))
+              and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) == set(FLAGS)
+              and all(v is None or finite(v) for v in data["thresholds"].values())
+              and (data.get("length") is None or isinstance(data["length"], list) and len(data["length"]) == 2
+                   and all(map(finite, data["length"]))))
+    if ok and "logprob_mean" in data["features"]:  # the base: the confidence never falls as it rises
+        ok = data["weights"][data["features"].index("logprob_mean")] >= 0
     if not ok:
         raise QkvError(f"{name}: not a calibration of these features ({', '.join(FEATURES)}): run qkv calibrate again")
 
 
-def confidence_of(features: dict[str, float], calibration: dict) -> float:
-    z = calibration["bias"] + sum(
-        w * (features[k] - m) / s
-        for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
-    return 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
+def confidence_of(features: dict[str, float], calibration: dict, flags: list[str] = ()) -> float:
+    """The confidence: exp(logprob_mean) for a log-probability-only calibration, else the logistic
+    regression's; at most ``FLAG_CAP`` when one of ``flags`` is in ``CAPPED``."""
+    if calibration.get("kind", "fitted") == "logprob":
+        value = math.exp(min(0.0, features["logprob_mean"]))
+    else:
+        z = calibration["bias"] + sum(
+            w * (features[k] - m) / s
+            for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
+        value = 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
+    return min(value, FLAG_CAP) if any(f in CAPPED for f in flags) else value
+
+
+def expected_length(source_words: int, length: list[float] | None) -> float:
+    """The log of (expected translation words + 1) for a source of ``source_words`` words: a + b log(n + 1)."""
+    a, b = length or (0.0, 1.0)
+    return a + b * math.log(source_words + 1)
 
 
 # Each flag's feature, and whether it flags below (True) or at and above (False) its threshold.
@@ -224,6 +263,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "unused": len(unused) / max(1, len(src_words)),
         "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy_score(source, translation),
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
+        "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
         # Not in the confidence: the raw-attention baseline of docs/trust.md, the mean entropy of the last
         # layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": float(-(attention * attention.clamp(min=1e-12).log()).sum(-1).mean() / math.log(max(2, attention.size(1)))),
@@ -236,7 +276,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
                       "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
     flags = flags_of(features, calibration["thresholds"])
-    return Trust(confidence_of(features, calibration), flags, features, unused, words,
+    return Trust(confidence_of(features, calibration, flags), flags, features, unused, words,
                  why_flagged(flags, features, calibration["thresholds"]))
 
 
@@ -247,12 +287,21 @@ def assess(
 ) -> list[Trust]:
     """A ``Trust`` for each (source, translation) pair, in input order: one teacher-forced pass with
     contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit.
-    An empty (or blank) source with an empty translation is trusted: confidence 1, no flags."""
+    An empty (or blank) source with an empty translation is trusted: confidence 1, no flags; an empty
+    translation of anything else is flagged ``omission``, at most ``FLAG_CAP``.
+
+    ``calibration``: the confidence and flags to apply, ``calibration_of(checkpoint directory)``; None:
+    the calibration of the checkpoint the model was loaded from (``qkv.load_checkpoint``,
+    ``Translator.from_checkpoint``), else ``LOGPROB_ONLY``. The sources are what the model read: to
+    judge a line that a ``Translator`` with ``text`` options split or recased, use
+    ``translate_with_confidence``, which judges each sentence as it was translated."""
     from qkv.infer.translator import length_batches
 
     if len(sources) != len(translations):
         raise QkvError(f"{len(sources)} sources but {len(translations)} translations")
-    calibration = calibration or DEFAULT_CALIBRATION
+    if calibration is None:  # the checkpoint's own (qkv.io.checkpoint.load records where the model came from)
+        origin = getattr(model, "checkpoint_dir", None)
+        calibration = calibration_of(origin) if origin is not None else LOGPROB_ONLY
     model.eval()
     limit = model.config.max_len - 1
     src_ids = [tokenizer.encode(s)[:limit] for s in sources]
@@ -280,4 +329,56 @@ def assess(
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
             results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]
+        elif not translation.strip():  # a line's empty translation misses all of it
+            found = results[i]
+            assert found is not None
+            flags = [f for f in FLAGS if f in found.flags or f == "omission"]
+            why = found.why | {"omission": "the translation is empty"}
+            results[i] = Trust(min(found.confidence, FLAG_CAP), flags, found.features, found.unused_words, found.words, why)
     return results  # type: ignore[return-value]
+
+
+def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
+    """One line's verdict from its sentences' (``source_words``: each sentence's source word count): the
+    least confident sentence's confidence and features, every sentence's flags (and their reasons), the
+    unused source words numbered across the line's sentences, and every word."""
+    if len(trusts) == 1:
+        return trusts[0]
+    weakest = min(trusts, key=lambda t: t.confidence)
+    flags = [f for f in FLAGS if any(f in t.flags for t in trusts)]
+    why = {f: next(t.why[f] for t in trusts if f in t.why) for f in flags}
+    offsets = [sum(source_words[:k]) for k in range(len(trusts))]
+    unused = [o + j for t, o in zip(trusts, offsets) for j in t.unused_words]
+    return Trust(weakest.confidence, flags, weakest.features, unused, [w for t in trusts for w in t.words], why)
+
+
+def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], translations: list[list[str]], *,
+                 calibration: dict | None = None, max_tokens: int = 2048) -> list[Trust]:
+    """One ``Trust`` a line for lines cut into sentences: ``sources[i]`` are the sentences of line i as the
+    model read them (split, recased), ``translations[i]`` its translations of them, before they were
+    recased and joined. Each sentence is judged as it was translated (``assess``), then the line
+    (``combined``)."""
+    flat_src = [s for line in sources for s in line]
+    flat_tgt = [t for line in translations for t in line]
+    if len(flat_src) != len(flat_tgt) or any(len(a) != len(b) for a, b in zip(sources, translations)):
+        raise QkvError("each sentence needs one translation")
+    trusts = assess(model, tokenizer, flat_src, flat_tgt, calibration=calibration, max_tokens=max_tokens)
+    out, start = [], 0
+    for line in sources:
+        out.append(combined(trusts[start : start + len(line)], [len(s.split()) for s in line]))
+        start += len(line)
+    return out
+
+
+def translate_with_confidence(translator, texts: list[str], *, calibration: dict | None = None) -> list[tuple[str, Trust]]:
+    """Each text's translation by ``translator`` (a ``qkv.Translator``) and whether to trust it (a ``Trust``:
+    ``confidence``, ``flags``, ``why``, ``features``, per-word marks), as ``qkv translate --confidence``
+    gives them: each sentence judged as the model read and wrote it (the translator's ``text`` options
+    split and recase; the command line's defaults do, a Translator's do not: ``qkv.Translator``).
+    ``calibration``: None, the checkpoint's own (its ``confidence.json``), else ``LOGPROB_ONLY``."""
+    if not isinstance(translator.model, Transformer):
+        raise QkvError("a confidence reads one model's internals: translate with a qkv Transformer (not an ensemble)")
+    lines = translator.translate_lines(texts)
+    trusts = assess_lines(translator.model, translator.tokenizer, [line.sentences for line in lines],
+                          [line.outputs for line in lines], calibration=calibration)
+    return [(line.text, trust) for line, trust in zip(lines, trusts)]

@@ -422,6 +422,7 @@ def load(directory: str | Path, *, device: str | torch.device = "cpu") -> Checkp
     model.decode_defaults = decode_defaults(config)  # what a Translator of this model searches with by default
     # Trained with inline term annotations (DataConfig.term_share): a glossary's terms are written into its sources.
     model.term_aware = bool((config.get("data") or {}).get("term_share"))
+    model.checkpoint_dir = directory  # whose confidence.json qkv.assess applies (qkv.inspect.trust)
     return Checkpoint(directory, model.to(device).eval(), tokenizer, config)
 
 

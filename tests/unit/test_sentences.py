@@ -111,3 +111,79 @@ def test_case_augmentation_recases_about_its_share_from_the_seed_alone():
     assert len(caps) + len(titles) + len(untouched) == 2000  # nothing else happens to a pair
     assert 150 < len(caps) < 250 and 150 < len(titles) < 250  # half of 20% each, within sampling noise
     assert case_augmented(src, tgt, 0.0, seed=7) == (src, tgt)
+
+
+def test_a_letter_a_no_break_space_and_a_full_stop_are_split_not_a_panic(random_checkpoint):
+    # "Plan B\u00a0." made sentencex 1.0.32 panic, and qkv translate lose its whole chunk (issue 72, #14)
+    sentences, spaces = split_sentences("Plan B\u00a0. A dog runs.", "en")
+    assert ([s.replace("\u00a0", " ") for s in sentences], spaces) == split_sentences("Plan B . A dog runs.", "en")
+    for wide in ("\u00a0", "\u2003", "\u3000\u00a0", "\u202f"):
+        assert split_sentences(f"I saw Plan B{wide}. Then I left.", "en")[0] == [f"I saw Plan B{wide}.", "Then I left."]
+    import io
+
+    from qkv.infer.translator import Translator, translate_stream
+    from qkv.io import checkpoint
+
+    loaded = checkpoint.load(random_checkpoint)
+    translator = Translator(loaded.model, loaded.tokenizer, text=TextOptions(split="en", recase=True))
+    lines = ["A dog runs.", "Plan B\u00a0.", "TWO CHILDREN PLAY. A cat sleeps."]
+    out = io.StringIO()
+    translate_stream(translator, io.BytesIO("".join(f"{line}\n" for line in lines).encode()), out, name="in")
+    assert out.getvalue().count("\n") == 3 and out.getvalue().splitlines()[0] == translator.translate(["A dog runs."])[0]
+
+
+def test_a_failing_splitter_leaves_its_line_whole_with_a_one_line_warning(monkeypatch):
+    import sentencex
+
+    from qkv.data.sentences import SplitterWarning
+
+    class Panic(BaseException):  # what pyo3 raises for a Rust panic: no Exception
+        pass
+
+    segment = sentencex.segment
+
+    def fails_on_b(lang, text):
+        if "B" in text:
+            raise Panic("end byte index 7 is not a char boundary\nmore detail")
+        return segment(lang, text)
+
+    monkeypatch.setattr(sentencex, "segment", fails_on_b)
+    with pytest.warns(SplitterWarning) as said:
+        line = prepare_line("Plan B. A DOG RUNS.", TextOptions(split="en", recase=True))
+    assert line.sentences == ["Plan b. a dog runs."]  # one sentence (in Title Case), not cut
+    (warning,) = said
+    assert "\n" not in str(warning.message) and "Panic: end byte index 7" in str(warning.message)
+    assert prepare_line("A dog. A cat.", TextOptions(split="en")).sentences == ["A dog.", "A cat."]  # the others split
+
+
+class _Reading:
+    """A compiled pattern that counts the characters it is given to read."""
+
+    def __init__(self, pattern, counter):
+        self.pattern, self.counter = pattern, counter
+
+    def __getattr__(self, name):
+        method = getattr(self.pattern, name)
+
+        def counted(*args, **kwargs):
+            self.counter[0] += sum(len(a) for a in args if isinstance(a, str))  # sub's text comes after its replacement
+            return method(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("line", [
+    " ".join(f"{i % 1000}." for i in range(4000)),  # a list's numbers: 22 KB of pieces without a letter (issue 72, #13)
+    "x" * 20_000 + ", 1. " + "2, 3. " * 2000,  # a word and its number waiting for a second word
+    "a" + "." * 20_000,  # a run of non-spaces with no letter after the first character
+    "A dog runs. " + "\n\n" * 4000 + "1.",
+])
+def test_the_splitter_reads_each_character_a_bounded_number_of_times(line, monkeypatch):
+    import qkv.data.sentences as sentences
+
+    read = [0]
+    for name in ("_LETTER", "_SPACE", "_NUMBER", "_MARKER", "_LETTER_RUN", "_WIDE_BEFORE_STOP", "_WORD"):
+        if hasattr(sentences, name):
+            monkeypatch.setattr(sentences, name, _Reading(getattr(sentences, name), read))
+    prepare_line(line, TextOptions(split="en", recase=True))
+    assert read[0] <= 12 * len(line), f"{read[0]} characters read for a line of {len(line)}: not linear"

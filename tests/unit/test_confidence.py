@@ -1,0 +1,145 @@
+"""The confidence a user sees (qkv.inspect.trust, qkv.inspect.calibrate): never falling as the mean token
+log-probability rises, fitted on the model's own translations with a feature only where it ranks
+better, each checkpoint's own (or log-probability only), judging exactly what the model translated,
+and repeat counts that stay linear in a line."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+
+import pytest
+
+import qkv
+from qkv.data.sentences import TextOptions
+from qkv.errors import QkvError
+from qkv.inspect.calibrate import MIN_CLASS, fit, fit_length
+from qkv.inspect.trust import (
+    CONFIDENCE, FEATURES, FLAG_CAP, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
+    check_calibration, confidence_of, flags_of, max_repeats,
+)
+from qkv.io import checkpoint
+
+
+def _trust(**features) -> Trust:
+    return Trust(0.5, [], {f: features.get(f, 0.0) for f in FEATURES})
+
+
+def _own(n: int, seed: int = 0, *, lp_sign: float = 1.0) -> tuple[list[Trust], list[float]]:
+    """n translations whose chrF follows their log-probability (times lp_sign) and their shortness,
+    with a feature (copy) that is noise."""
+    rng = random.Random(seed)
+    trusts, chrf = [], []
+    for _ in range(n):
+        lp, short, noise = rng.uniform(-3, -0.2), rng.choice([0.0, 0.0, 0.0, rng.uniform(0.3, 1.0)]), rng.random()
+        trusts.append(_trust(logprob_mean=lp, shortness=short, copy=noise, logprob_min=lp - 2, source_mean=0.6))
+        chrf.append(max(0.0, min(100.0, 60 + lp_sign * 20 * (lp + 1.6) - 60 * short + rng.gauss(0, 8))))
+    return trusts, chrf
+
+
+def _grid(calibration: dict, **fixed) -> list[float]:
+    base = {f: 0.0 for f in FEATURES} | fixed
+    return [confidence_of(base | {"logprob_mean": lp / 10}, calibration, flags_of(base | {"logprob_mean": lp / 10}, calibration["thresholds"]))
+            for lp in range(-80, 1)]
+
+
+def test_the_confidence_never_falls_as_the_mean_log_probability_rises():
+    # Data where a higher log-probability means a worse translation: an unconstrained fit would weigh it below 0
+    own, chrf = _own(300, lp_sign=-1.0)
+    fitted = fit(own, chrf, name="anti")
+    assert fitted["kind"] == "fitted" and fitted["weights"][fitted["features"].index("logprob_mean")] >= 0
+    normal = fit(*_own(300), name="normal")
+    assert normal["weights"][0] > 0
+    for calibration in (fitted, normal, LOGPROB_ONLY):
+        for fixed in ({}, {"shortness": 0.8, "copy": 0.5}, {"repeats": 9.0}):
+            values = _grid(calibration, **fixed)
+            assert all(a <= b for a, b in zip(values, values[1:])), (calibration["fitted_on"], fixed)
+    assert max(_grid(LOGPROB_ONLY, repeats=9.0)) == FLAG_CAP  # a loop caps it
+    assert _grid(LOGPROB_ONLY)[0] == pytest.approx(math.exp(-8))  # log-probability only: exp(logprob_mean)
+    broken = dict(normal, weights=[-1.0, *normal["weights"][1:]])
+    with pytest.raises(QkvError, match="not a calibration"):
+        check_calibration(broken, "confidence.json")
+
+
+def test_a_feature_joins_only_where_it_ranks_the_translations_better():
+    own, chrf = _own(400)
+    calibration = fit(own, chrf, name="hand-made")
+    assert "shortness" in calibration["features"] and "copy" not in calibration["features"]
+    steps = calibration["selection"]
+    assert steps[0]["features"] == ["logprob_mean"] and steps[-1]["roc_auc"] > steps[0]["roc_auc"]
+    assert calibration["cuts"][0]["below"] == 0.2 and 0 <= calibration["cuts"][-1]["acceptable_kept"] <= 1
+    assert len(calibration["features"]) <= 3
+
+
+def test_too_few_translations_of_one_kind_give_a_log_probability_confidence():
+    """The dates model translates all its validation dates right: nothing to fit, no borrowed fit."""
+    own, _ = _own(50)
+    calibration = fit(own, [100.0] * 50, name="dates")
+    assert calibration["kind"] == "logprob" and str(50) in calibration["why"]
+    assert calibration["thresholds"] == LOGPROB_ONLY["thresholds"]  # no labelled pairs: the flags that read the text
+    assert confidence_of(own[0].features, calibration) == pytest.approx(math.exp(own[0].features["logprob_mean"]))
+    check_calibration(calibration, "confidence.json")
+    almost = fit(own, [100.0] * (50 - MIN_CLASS + 1) + [0.0] * (MIN_CLASS - 1), name="dates")
+    assert almost["kind"] == "logprob"
+
+
+def test_the_expected_length_is_a_line_through_the_log_word_counts():
+    a, b = fit_length(["a b c", "a b c d e f g"], ["x y y y y y", "x y y y y y y y y y y y y y"])
+    assert a + b * math.log(4) == pytest.approx(math.log(7)) and a + b * math.log(8) == pytest.approx(math.log(15))
+    assert fit_length(["a b", "c d"], ["x", "y"]) == pytest.approx([math.log(2) - math.log(3), 1.0])
+
+
+def test_repeat_counts_are_linear_in_the_line():
+    # a b a b a b: 3; the old quadratic count took longer than 45 s on 30,000 repeats (issue 72 #12)
+    assert max_repeats("a b a b a b c".split()) == 3 and max_repeats(["x"]) == 1 and max_repeats([]) == 0
+    started = time.monotonic()
+    assert max_repeats(["Haus"] * 30_000) == 30_000
+    assert max_repeats("ein Hund und".split() * 10_000) == 10_000
+    assert char_repeats("E" * 30_000) == 29_998 and char_repeats("ab" * 15_000) == 14_998
+    assert time.monotonic() - started < 10
+
+
+def test_each_checkpoint_has_its_own_confidence_or_the_log_probability(random_checkpoint, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(random_checkpoint, model_dir)
+    assert calibration_of(model_dir) is LOGPROB_ONLY  # never another model's fit
+    loaded = qkv.load_checkpoint(model_dir)
+    sources, translations = ["A dog runs across the green field."], ["Ein Hund rennt über die grüne Wiese."]
+    (plain,) = qkv.assess(loaded.model, loaded.tokenizer, sources, translations)
+    assert plain.confidence == pytest.approx(math.exp(plain.features["logprob_mean"]))
+    own = fit(*_own(200), name="its own")
+    checkpoint.add_file(model_dir, CONFIDENCE, lambda path: path.write_text(json.dumps(own)))
+    reloaded = qkv.load_checkpoint(model_dir)
+    (mine,) = qkv.assess(reloaded.model, reloaded.tokenizer, sources, translations)  # the checkpoint's calibration, read
+    assert mine.confidence == pytest.approx(confidence_of(mine.features, own, mine.flags))
+    assert mine.confidence != pytest.approx(plain.confidence)
+    (given,) = assess(reloaded.model, reloaded.tokenizer, sources, translations, calibration=LOGPROB_ONLY)
+    assert given.confidence == pytest.approx(plain.confidence)
+
+
+def test_the_trust_pass_reads_the_sentences_the_model_translated(random_checkpoint):
+    """A line in capitals with two sentences is judged sentence by sentence, in the case the model read."""
+    translator = qkv.Translator.from_checkpoint(random_checkpoint, text=TextOptions(split="en", recase=True))
+    line = "TWO CHILDREN PLAY WITH A RED BALL. A DOG RUNS ACROSS THE GREEN FIELD."
+    ((text, trust),) = qkv.translate_with_confidence(translator, [line])
+    (done,) = translator.translate_lines([line])
+    assert text == done.text == translator.translate([line])[0]
+    assert done.sentences == ["Two children play with a red ball.", "A dog runs across the green field."]
+    assert done.text == " ".join(o.upper() for o in done.outputs)  # written back in capitals
+    sentences = assess(translator.model, translator.tokenizer, done.sentences, done.outputs)
+    assert trust.confidence == min(t.confidence for t in sentences)
+    assert trust.words == [w for t in sentences for w in t.words]
+    (whole,) = assess(translator.model, translator.tokenizer, [line], [text])  # the raw line: not what was translated
+    assert whole.features != trust.features
+    (again,) = assess_lines(translator.model, translator.tokenizer, [done.sentences], [done.outputs])
+    assert again.confidence == trust.confidence and again.flags == trust.flags
+
+
+def test_an_empty_translation_of_a_line_is_an_omission(random_checkpoint):
+    loaded = qkv.load_checkpoint(random_checkpoint)
+    empty, blank = assess(loaded.model, loaded.tokenizer, ["A dog runs across the green field.", ""], ["", ""])
+    assert "omission" in empty.flags and empty.confidence <= FLAG_CAP and empty.why["omission"] == "the translation is empty"
+    assert blank.flags == [] and blank.confidence == 1.0
