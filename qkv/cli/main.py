@@ -24,7 +24,7 @@ from qkv.cli import trust as cli_trust  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
-ORDER = ("doctor", "prepare", "train", "distill", "translate", "evaluate", "calibrate", "pseudo-terms", "shortlist", "average", "serve", "export", "import",
+ORDER = ("doctor", "split", "prepare", "train", "distill", "translate", "evaluate", "calibrate", "pseudo-terms", "shortlist", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 

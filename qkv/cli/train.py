@@ -256,3 +256,23 @@ def prepare_command(args: argparse.Namespace) -> int:
     print(f"prepared {c.kept:,} of {c.read:,} pairs ({c.read / max(summary.seconds, 1e-9):,.0f} pairs/s; dropped: {dropped}; "
           f"truncated {c.truncated:,}), {summary.valid_pairs:,} validation pairs -> {summary.out}")
     return 0
+
+
+def _split_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, metavar="FILE", help="source side of your corpus (plain, .gz, .xz or .bz2), or a TSV with both sides")
+    p.add_argument("--tgt", metavar="FILE", help="target side, aligned line by line with --src")
+    p.add_argument("--out", required=True, help="a new (or empty) directory for train, dev and test files, named by the input's language suffix")
+    p.add_argument("--dev", type=float, metavar="N", help="validation pairs: a share below 1 (0.05) or a count (default 5%%, at most 1,000)")
+    p.add_argument("--test", type=float, metavar="N", help="test pairs: a share below 1 or a count (default 5%%, at most 1,000)")
+    p.add_argument("--seed", type=int, default=1, help="the draw of the held-out pairs (default 1)")
+
+
+@command("split", "hold out validation (dev) and test pairs from one corpus, sharing no sentence with training", _split_args)
+def split_command(args: argparse.Namespace) -> int:
+    from qkv.data.split import split_corpus
+
+    c = split_corpus(args.src, args.tgt, args.out, dev=args.dev, test=args.test, seed=args.seed)
+    print(f"split {c.read:,} pairs: train {c.train:,}, dev {c.dev:,}, test {c.test:,} -> {args.out} "
+          f"({c.overlapping:,} pairs left out as they share a sentence with dev or test; {c.empty:,} with an empty side)")
+    print("wrote " + " ".join(str(path) for path in c.files.values()))
+    return 0
