@@ -82,8 +82,48 @@ def translate(args: argparse.Namespace) -> int:
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
         write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
-        translate_stream(translator, source, sink, name=name, n_best=args.n_best, annotate=annotate, write=write)
+        interactive = getattr(source, "isatty", lambda: False)()
+        counted = sink if interactive else _EmptyCount(sink)
+        translate_stream(translator, source if interactive else counted.inputs(source), counted, name=name,
+                         n_best=args.n_best, annotate=annotate, write=write)
+    if not interactive and (notice := counted.notice()):
+        print(notice, file=sys.stderr)
     return 0
+
+
+class _EmptyCount:
+    """A translation sink that counts the empty translations of non-empty input lines, for one notice:
+    a model that writes nothing for most lines has most likely not been trained enough."""
+
+    def __init__(self, sink) -> None:
+        self.sink, self.sources, self.empty = sink, [], 0
+        self.written = 0
+
+    def inputs(self, source):
+        for raw in source:  # bytes lines (text in tests): whether each line has anything to translate
+            self.sources.append(bool(raw.strip()))
+            yield raw
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def write(self, line: str) -> None:
+        for _ in range(line.count("\n")):
+            if self.written < len(self.sources) and self.sources[self.written] and not line.split("\t")[0].strip():
+                self.empty += 1
+            self.written += 1
+        self.sink.write(line)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def notice(self) -> str | None:
+        lines = sum(self.sources)
+        if not lines or self.empty * 2 <= lines:
+            return None
+        return (f"note: {self.empty:,} of {lines:,} translations are empty: the model most likely has not been trained "
+                "enough (a run of a few dozen updates writes nothing); train it longer, or check --checkpoint")
 
 
 def _evaluate_args(p: argparse.ArgumentParser) -> None:

@@ -77,8 +77,13 @@ CONFIG_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def _transformers():
+    from qkv.model.quantize import quiet_loggers
+
     try:
-        import transformers
+        with quiet_loggers():  # transformers' Marian model imports torchao when it is installed: its import-time notices, kept quiet
+            import transformers
+
+            transformers.MarianMTModel  # noqa: B018 (resolved here, the one import that reaches torchao)
     except ImportError:
         raise MissingPackage("Marian import and export need the transformers package: pip install transformers (in qkv's clone: pip install -e '.[marian]')") from None
     return transformers

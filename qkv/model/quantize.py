@@ -114,7 +114,7 @@ def _quantized_here(module: nn.Module, name: str) -> bool:
 def _torchao():
     """torchao's quantization module, imported without its import-time notices (``IMPORT_LOGGERS``)."""
     try:
-        with _quiet(IMPORT_LOGGERS):
+        with quiet_loggers(IMPORT_LOGGERS):
             import torchao.quantization as quantization
     except ImportError as e:
         raise QkvError(f"--int8 needs torchao (pip install torchao): {e}") from None
@@ -122,7 +122,9 @@ def _torchao():
 
 
 @contextlib.contextmanager
-def _quiet(names: tuple[str, ...]) -> Iterator[None]:
+def quiet_loggers(names: tuple[str, ...] = IMPORT_LOGGERS) -> Iterator[None]:
+    """Loggers ``names`` (default: those that speak while torchao is imported) at ERROR meanwhile;
+    for every import that reaches torchao (``qkv.interop.marian``: transformers imports it when installed)."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
