@@ -318,3 +318,13 @@ def test_attention_comes_with_the_contributions_of_the_same_pass(random_checkpoi
     assert torch.allclose(got, want.float(), atol=1e-4)
     assert ((got.sum(-1) > 0) & (got.sum(-1) <= 1 + 1e-3)).all()
     assert torch.allclose(torch.tensor(capture["cross"]), torch.stack([w[0] for w in found.weights]).float(), atol=1e-4)
+
+
+def test_a_text_that_made_the_splitter_panic_is_translated_with_the_others(random_checkpoint):
+    # "Plan B\u00a0." made sentencex panic: a plain-text 500, the other texts lost, not counted (issue 72, #15)
+    texts = ["A dog runs.", "Plan B\u00a0.", "TWO CHILDREN PLAY. A cat sleeps."]
+    (response,), stats = exchange(random_checkpoint, [{"texts": texts, "beam_size": 1}])
+    assert response.status_code == 200, response.text
+    assert len(response.json()["translations"]) == 3 and stats["failed"] == 0
+    (alone,), _ = exchange(random_checkpoint, [{"texts": texts[:1], "beam_size": 1}])
+    assert response.json()["translations"][0] == alone.json()["translations"][0]
