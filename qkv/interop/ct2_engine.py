@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from qkv.errors import QkvError
-from qkv.infer.search import DecodeConfig, Hypothesis
+from qkv.infer.search import DecodeConfig, Hypothesis, loops, max_output_length
 from qkv.infer.translator import Translator
 from qkv.interop.ctranslate2 import EXPORT_FILES, import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
 from qkv.io import checkpoint
@@ -188,8 +188,13 @@ class CTranslate2Translator(Translator):
         self.parity = check if isinstance(check, dict) else {"pending": bool(check), "failed": None}
         if self.config.sampling or self.config.n_best > 1:
             raise QkvError("--engine ctranslate2 searches for the best translation: not with --sampling or --n-best")
-        if self.shortlist is not None or self.workers > 1:
-            raise QkvError("--engine ctranslate2 runs with its own threads: not with --shortlist or --workers")
+        if self.workers > 1:
+            raise QkvError("--engine ctranslate2 runs with its own threads: not with --workers")
+        # --shortlist: CTranslate2 searches over the export's vocabulary map (the checkpoint's shortlist,
+        # written into the export as vmap.txt), a batch over the union of its sentences' pieces.
+        self.use_vmap, self.shortlist = self.shortlist is not None, None
+        if self.use_vmap and not (Path(ct2_dir) / "vmap.txt").is_file():
+            raise QkvError(f"{ct2_dir} holds no vocabulary map: --shortlist needs an export of a checkpoint with a shortlist (qkv shortlist)")
         ct2 = import_ctranslate2()
         supported = ct2.get_supported_compute_types("cpu")
         if compute_type not in supported:
@@ -206,7 +211,16 @@ class CTranslate2Translator(Translator):
         if self.parity["pending"]:
             self._check_parity(src_ids)
         found = ct2_translate_ids(self.engine, self.tokenizer, src_ids, self.config, max_len=self.model.config.max_len,
-                                  max_tokens=self.max_tokens)
+                                  max_tokens=self.max_tokens, use_vmap=self.use_vmap)
+        if self.config.loop_guard:  # the loop guard, as qkv's search runs it: a looping output searched again
+            again = [i for i, (ids, out) in enumerate(zip(src_ids, found))
+                     if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config))]
+            if again:
+                guarded = replace(self.config, no_repeat_ngram_size=self.config.loop_guard, loop_guard=0)
+                redone = ct2_translate_ids(self.engine, self.tokenizer, [src_ids[i] for i in again], guarded,
+                                           max_len=self.model.config.max_len, max_tokens=self.max_tokens, use_vmap=self.use_vmap)
+                for i, tokens in zip(again, redone):
+                    found[i] = tokens
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in found]
 
     def _check_parity(self, src_ids: list[list[int]]) -> None:

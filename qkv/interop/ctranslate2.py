@@ -234,7 +234,7 @@ def write_vmap(table, tokenizer: Tokenizer, path: Path) -> None:
 
 def ct2_translate_ids(
     translator: Any, tokenizer: Tokenizer, src_ids: list[list[int]], config: DecodeConfig,
-    *, max_len: int, max_batch_size: int = 64, max_tokens: int | None = None,
+    *, max_len: int, max_batch_size: int = 64, max_tokens: int | None = None, use_vmap: bool = False,
 ) -> list[list[int]]:
     """Translate with a ``ctranslate2.Translator`` under qkv's search rules with ``stop_early`` (CTranslate2
     stops a sentence at beam_size finished hypotheses); token ids without BOS/EOS.
@@ -247,6 +247,9 @@ def ct2_translate_ids(
     With ``max_tokens``, throughput instead: one call, CTranslate2 batching by source tokens (at most
     ``max_tokens`` a batch) under the longest limit, each output then cut to its own sentence's limit
     (the same output where a search ends before its limit, as nearly every one does).
+
+    ``config.no_repeat_ngram_size`` is CTranslate2's own; ``use_vmap``: search over the export's vocabulary
+    map (``vmap.txt``, written from a checkpoint's shortlist), as ``--shortlist`` searches qkv's.
     """
     limits_of = SimpleNamespace(config=SimpleNamespace(max_len=max_len))  # all max_output_length reads
 
@@ -272,6 +275,8 @@ def ct2_translate_ids(
             min_decoding_length=0,
             return_end_token=True,
             return_scores=beam > 1,
+            no_repeat_ngram_size=config.no_repeat_ngram_size,
+            use_vmap=use_vmap,
         )
         for i, out in zip(indices, outputs):
             best, best_score = None, -math.inf

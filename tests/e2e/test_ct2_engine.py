@@ -9,7 +9,7 @@ ct2 = pytest.importorskip("ctranslate2")
 
 from qkv.cli.main import main  # noqa: E402
 from qkv.infer.search import DecodeConfig  # noqa: E402
-from qkv.interop.ct2_engine import CTranslate2Translator, ensure_export, export_dir  # noqa: E402
+from qkv.interop.ct2_engine import CT2_BATCH_TOKENS, CTranslate2Translator, ensure_export, export_dir  # noqa: E402
 from qkv.interop.ctranslate2 import ct2_translate_ids  # noqa: E402
 from qkv.io import checkpoint  # noqa: E402
 from qkv.errors import QkvError  # noqa: E402
@@ -27,7 +27,8 @@ def cache(tmp_path, monkeypatch):
 def test_translate_is_ctranslate2_used_directly_on_an_export_made_once(tiny_run, tmp_path, cache, capsys):
     src = tmp_path / "src.txt"
     src.write_text("\n".join(LINES) + "\n")
-    args = ["translate", "--checkpoint", str(tiny_run), "--engine", "ctranslate2", "--beam", "3", "-i", str(src)]
+    # --loop-guard 0: the direct call below searches once (the guard on CTranslate2: test_ct2_options.py)
+    args = ["translate", "--checkpoint", str(tiny_run), "--engine", "ctranslate2", "--beam", "3", "-i", str(src), "--loop-guard", "0"]
     assert main(args) == 0
     first = capsys.readouterr()
     assert "exporting" in first.err and "parity:" in first.err
@@ -39,7 +40,7 @@ def test_translate_is_ctranslate2_used_directly_on_an_export_made_once(tiny_run,
     tok = loaded.tokenizer
     config = DecodeConfig(beam_size=3, **checkpoint.decode_defaults(loaded.config))
     direct = ct2_translate_ids(ct2.Translator(str(made), device="cpu"), tok, [tok.encode(s) for s in LINES], config,
-                               max_len=loaded.model.config.max_len, max_tokens=2048)  # --batch-tokens' default
+                               max_len=loaded.model.config.max_len, max_tokens=CT2_BATCH_TOKENS)  # without --batch-tokens
     assert first.out.split("\n")[:-1] == [tok.decode(ids) for ids in direct]
     assert main(args) == 0  # the second run reuses the export
     again = capsys.readouterr()
