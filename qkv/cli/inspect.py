@@ -137,10 +137,11 @@ def _align_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", required=True, help="source sentences, one per line")
     p.add_argument("--reference", "-r", help="target sentences to align with (default: the model's own translations)")
     p.add_argument("--output", "-o", help="write the alignments to this file (default: stdout)")
-    p.add_argument("--method", choices=["attention", "norm", "alti"],
-                   help="what aligns: the cross-attention weights, the norms of what each source token adds, or "
+    p.add_argument("--method", choices=["attention", "norm", "alti", "eflomal"],
+                   help="what aligns: the cross-attention weights, the norms of what each source token adds, "
                         "ALTI+ contributions rolled out through the model (default: a model trained with guided "
-                        "alignment is read at its alignment head; any other by value norms)")
+                        "alignment is read at its alignment head; any other by value norms), or eflomal, the "
+                        "statistical aligner, run on the given pairs alone (words; the more pairs, the better it aligns)")
     p.add_argument("--read", choices=["input", "predict"], default="predict",
                    help="read a target word where it is predicted (default) or where it is the decoder's input")
     p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the alignment head's; else the middle "
@@ -183,7 +184,19 @@ def align_command(args: argparse.Namespace) -> int:
     if gold is not None:
         check_gold(gold, sources, targets, args.gold)
     layer = None if args.layer is None else args.layer - 1 if args.layer > 0 else args.layer
-    alignments = align(
+    if args.method == "eflomal":
+        if args.pieces or args.layer is not None or args.head is not None:
+            raise QkvError("--method eflomal aligns words with a statistical aligner: not with --pieces, --layer or --head")
+        from qkv.train.alignment import align_words_eflomal
+
+        if targets is None:  # the model's own translations, as the other methods align
+            from qkv.infer.translator import Translator
+
+            targets = Translator(loaded.model, loaded.tokenizer, decode_config(args)).translate(sources)
+        alignments = align_words_eflomal(sources, targets)
+    else:
+        alignments = None
+    alignments = alignments if alignments is not None else align(
         loaded.model, loaded.tokenizer, sources, targets, layer=layer, method=args.method, row=args.read,
         head=None if args.head is None else args.head - 1, config=decode_config(args),
         max_tokens=args.batch_tokens, pieces=args.pieces,

@@ -2,7 +2,8 @@
 pseudo-terms of term-aware training, from the same aligner.
 
 A term found in a translation is *placed* when its words align (``qkv.inspect.align``, the default
-reading: value norms at the middle decoder layer) to at least one word of the source term it answers.
+reading, ``default_reading``: the alignment head of a model trained with guided alignment, else value
+norms at the middle decoder layer) to at least one word of the source term it answers.
 A term written somewhere else (say "Hund" for the "dog" of "a dog chases a cat" aligned with "cat")
 is found but not placed.
 """

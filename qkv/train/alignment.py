@@ -107,6 +107,15 @@ def align_pieces(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[in
     return result
 
 
+def align_words_eflomal(sources: Sequence[str], targets: Sequence[str]) -> list[list[tuple[int, int]]]:
+    """eflomal's symmetrized links between the whitespace words of each pair (lowercased, as eflomal
+    reads words), as (source word, target word) pairs: ``qkv align --method eflomal``."""
+    vocab: dict[str, int] = {}
+    ids = lambda line: [vocab.setdefault(w.lower(), len(vocab)) for w in line.split()]  # noqa: E731
+    links = align_pieces([ids(s) for s in sources], [ids(t) for t in targets])
+    return [[(int(s), int(t)) for s, t in pairs] for pairs in links]
+
+
 def pieces_digest(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]]) -> str:
     """SHA-256 of the pairs' ids: what a run's saved links were computed from."""
     h = hashlib.sha256()

@@ -107,3 +107,25 @@ def test_settings_guided_alignment_cannot_follow_are_refused():
     with pytest.raises(ConfigError, match="alignment_layer 4"):
         ModelConfig(n_decoder_layers=4, alignment_layer=4)
     check_alignment_settings(0.0, DataConfig(case_augment=0.1), 4)  # off: nothing to refuse
+
+
+def test_align_method_eflomal_aligns_the_given_pairs(random_checkpoint, tmp_path, capsys):
+    from qkv.cli.main import main
+
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(20)]
+    src, tgt = [], []
+    for _ in range(200):  # word wK translates to vK, in the same order
+        line = [words[k] for k in rng.integers(0, 20, size=int(rng.integers(2, 6)))]
+        src.append(" ".join(line))
+        tgt.append(" ".join(w.replace("w", "v") for w in line))
+    (tmp_path / "s").write_text("\n".join(src) + "\n")
+    (tmp_path / "t").write_text("\n".join(tgt) + "\n")
+    assert main(["align", "--checkpoint", str(random_checkpoint), "-i", str(tmp_path / "s"), "-r", str(tmp_path / "t"),
+                 "--method", "eflomal"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 200
+    found = [tuple(map(int, link.split("-"))) for line in lines for link in line.split()]
+    assert sum(s == t for s, t in found) / len(found) > 0.9  # the diagonal, where each word's translation stands
+    assert main(["align", "--checkpoint", str(random_checkpoint), "-i", str(tmp_path / "s"), "-r", str(tmp_path / "t"),
+                 "--method", "eflomal", "--pieces"]) == 2
