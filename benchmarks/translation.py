@@ -254,9 +254,11 @@ class _Engines:
 
 
 def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0,
-        engines: list[str] | None = None, sentences: int = 0) -> dict:
+        engines: list[str] | None = None, sentences: int = 0, tables: tuple[str, ...] = ("same", "own"),
+        beams: tuple[int, ...] = (1, 5)) -> dict:
     """``engines``: "engine:compute" names to run (default: all of ENGINES); ``sentences``: the first
-    that many of test_2016_flickr (default: all)."""
+    that many of test_2016_flickr (default: all); ``tables``: "same" (batches) and/or "own" (settings);
+    ``beams``: the beam sizes."""
     repeats = repeats or (2 if smoke else 5)
     loaded = checkpoint.load(checkpoint_dir)
     model, tok = loaded.model, loaded.tokenizer
@@ -307,8 +309,8 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
     # slows PyTorch down for the rest of a process's life. A smoke run, which times nothing worth
     # reading, shares one worker process among its cells: starting 28 processes is most of its time.
     shared = ProcessPoolExecutor(max_workers=1, mp_context=spawn) if smoke else None
-    for beam in (1, 5):
-        for table in ("same", "own"):
+    for beam in beams:
+        for table in tables:
             qkv_out = None
             for engine, compute in engines:
                 if table == "same" and (compute.endswith(OWN_ONLY) or engine == "qkv+ct2"):
