@@ -173,3 +173,22 @@ def test_contributions_sum_back_on_a_trained_model(tiny_run):
     src, tgt_in, _ = collate([tok.encode(s) for s in SOURCES], [tok.encode_target(r) for r in REFERENCES],
                              pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     assert_blocks_sum_back(model, src, tgt_in)
+
+
+def test_calibrate_refuses_an_imported_model_without_data_and_resolves_a_symlink_first(model_dir, tmp_path):
+    """Issue 72 #7 and #17: a config that names no corpus is refused before any scoring (it was fitted
+    on Multi30k val); a symlinked checkpoint is calibrated where it points, the link left a link."""
+    loaded = checkpoint.load(model_dir)
+    real = checkpoint.save(tmp_path / "real", loaded.model, loaded.tokenizer)  # no data config, no calibration
+    result = qkv("calibrate", "--checkpoint", real, cwd=tmp_path)
+    assert result.returncode == 2 and "names no corpus" in result.stderr and "Traceback" not in result.stderr
+    assert not (real / "confidence.json").exists()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    valid_src, valid_tgt = tmp_path / "valid.en", tmp_path / "valid.de"
+    valid_src.write_text("".join(s + "\n" for s in SOURCES * 3), encoding="utf-8")
+    valid_tgt.write_text("".join(r + "\n" for r in REFERENCES * 3), encoding="utf-8")
+    result = qkv("calibrate", "--checkpoint", link, "--valid-src", valid_src, "--valid-tgt", valid_tgt, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and (real / "confidence.json").is_file()
+    checkpoint.load(link)  # verified, the new file under its manifest
