@@ -51,8 +51,6 @@ def int8_model(model: M, *, in_place: bool = False) -> M:
     """A copy of ``model`` (a ``Transformer`` or an ``Ensemble`` of them) for inference with int8
     linear weights (see the module docstring); ``model`` itself is untouched. ``in_place``: convert
     ``model`` itself instead, for a caller that drops the float model (no float copy held meanwhile)."""
-    from qkv.model.transformer import Transformer
-
     quantization = _torchao()
     if next(model.parameters()).device.type != "cpu":
         raise QkvError("int8 decoding runs on the CPU: load the model there")
@@ -61,7 +59,8 @@ def int8_model(model: M, *, in_place: bool = False) -> M:
         if _quantized_here(module, name):
             module.__class__ = nn.Linear  # qkv.model.kernels.Linear calls oneDNN, which knows no int8 weight
     quantization.quantize_(model, quantization.Int8WeightOnlyConfig(), filter_fn=_quantized_here)
-    for transformer in [m for m in model.modules() if isinstance(m, Transformer)]:
+    # each Transformer (found by its parts: qkv.model.transformer imports this module, not the reverse)
+    for transformer in [m for m in model.modules() if hasattr(m, "generator") and hasattr(m, "tgt_embed")]:
         if transformer.config.tie_output and is_int8(transformer.generator.weight):  # one int8 table, not an fp32 one beside it
             embedding = Int8Embedding(transformer.generator.weight)
             transformer.tgt_embed = embedding

@@ -6,11 +6,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.model import kernels
+from qkv.model.bf16 import bf16_native
 from qkv.model.config import ModelConfig
 from qkv.model.kernels import Linear, linear
 from qkv.model.transformer import Transformer
 
 needs_onednn = pytest.mark.skipif(not kernels.onednn_available(), reason="this PyTorch has no oneDNN linear")
+# oneDNN's bfloat16 inner product needs a CPU with AVX-512 (BF16 or AMX natively); on an AVX2-only CPU it
+# cannot make the primitive, and training never asks for it there (bf16_layers needs native bfloat16).
+needs_bf16 = pytest.mark.skipif(not bf16_native(torch.device("cpu")), reason="this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
 
 
 @pytest.fixture(autouse=True)
@@ -166,6 +170,7 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 @needs_onednn
+@needs_bf16
 @pytest.mark.parametrize("bias", [True, False])
 def test_bf16_products_multiply_in_bfloat16_and_keep_float32_around_them(bias, onednn_calls):
     """Within ``bf16_products`` a training product is x W^T on bfloat16 operands, rounded to bfloat16,
