@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engine:compute cells")
+    parser.add_argument("--teacher-engines", help="the first checkpoint's cells, when not --engines (the ratios need "
+                                                  "its ctranslate2:float32)")
     parser.add_argument("--smoke", action="store_true", help="a few sentences, to check the script runs (times mean nothing)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -113,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     started = time.time()
     results = []
-    for path in args.checkpoint:
+    for n, path in enumerate(args.checkpoint):
+        engines = (args.teacher_engines if n == 0 and args.teacher_engines else args.engines).split(",")
         result = translation.run(checkpoint_dir=path, data_dir=args.data_dir, smoke=args.smoke, threads=args.threads, log=log,
-                                 repeats=args.repeats, engines=args.engines.split(","), tables=("own",))
+                                 repeats=args.repeats, engines=engines, tables=("own",))
         result["parameters"] = checkpoint.load(path).model.num_parameters()
         results.append(result)
     rows = front_rows(results)
