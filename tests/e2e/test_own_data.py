@@ -60,7 +60,9 @@ def test_the_own_data_guide_runs_end_to_end_on_3000_pairs(tmp_path):
     out = qkv("evaluate", "--checkpoint", "runs/en-fr", "--src-file", "split/test.en", "--ref-file", "split/test.fr", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "test.en|test.fr: 150 sentences" in out.stdout and "BLEU" in out.stdout
-    out = qkv("calibrate", "--checkpoint", "runs/en-fr", "--valid-src", "split/dev.en", "--valid-tgt", "split/dev.fr", cwd=tmp_path)
+    assert (tmp_path / "runs" / "en-fr" / "final" / "confidence.json").is_file()  # qkv train calibrated it
+    out = qkv("calibrate", "--checkpoint", "runs/en-fr", "--valid-src", "split/dev.en", "--valid-tgt", "split/dev.fr",
+              "--force", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "runs" / "en-fr" / "final" / "confidence.json").is_file()
     out = qkv("translate", "--checkpoint", "runs/en-fr", "--confidence", cwd=tmp_path, stdin="A man rides a bike on the beach.\n")

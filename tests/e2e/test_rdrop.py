@@ -110,6 +110,7 @@ def test_with_dropout_the_kl_term_changes_the_update(tmp_path, dates_tsv):
     assert difference > 1e-3
 
 
+@pytest.mark.skipif(not cpu.cpu_has_bf16(), reason="this CPU has no native bfloat16: oneDNN cannot make the bf16 layers' primitive")
 def test_with_bf16_the_output_layer_multiplies_in_bfloat16_only_with_bf16_layers(monkeypatch, tmp_path, dates_tsv):
     """R-Drop's loss is not the fused one: --bf16 alone cannot put its output layer in bfloat16 (a
     warning, float32 throughout); with bf16_layers the output layer is one of the linear layers a
