@@ -198,12 +198,3 @@ def check_alignment_settings(alignment: float, data, n_decoder_layers: int) -> N
 def default_alignment_layer(n_decoder_layers: int) -> int:
     """The supervised layer when none is given: the penultimate (fairseq's default), the only one of one."""
     return max(0, n_decoder_layers - 2)
-
-
-def eflomal_available() -> bool:
-    try:
-        import_eflomal()
-    except MissingPackage:
-        return False
-    return True
-
