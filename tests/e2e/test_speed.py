@@ -95,6 +95,7 @@ def test_bf16_on_the_cpu_is_used_only_with_native_bfloat16(monkeypatch, tmp_path
         assert not trainer(tmp_path / "emulated", dates_tsv, bf16=True).loss_bf16
 
 
+@pytest.mark.skipif(not cpu.cpu_has_bf16(), reason="this CPU has no native bfloat16: oneDNN cannot make the bf16 layers' primitive")
 def test_bf16_training_steps_multiply_the_linear_layers_in_bfloat16_and_nothing_else(monkeypatch, tmp_path, dates_tsv):
     """--bf16 with bf16_layers on a CPU with native bfloat16: a train step's linear layers run inside
     ``kernels.bf16_products`` (their products in bfloat16), validation's do not, and the setting

@@ -19,7 +19,7 @@ from qkv.errors import QkvError
 from qkv.inspect.calibrate import MIN_CLASS, fit, fit_length
 from qkv.inspect.trust import (
     CONFIDENCE, FEATURES, FLAG_CAP, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
-    check_calibration, confidence_of, flags_of, max_repeats,
+    check_calibration, confidence_of, flags_of, max_repeats, why_flagged,
 )
 from qkv.io import checkpoint
 
@@ -143,3 +143,13 @@ def test_an_empty_translation_of_a_line_is_an_omission(random_checkpoint):
     empty, blank = assess(loaded.model, loaded.tokenizer, ["A dog runs across the green field.", ""], ["", ""])
     assert "omission" in empty.flags and empty.confidence <= FLAG_CAP and empty.why["omission"] == "the translation is empty"
     assert blank.flags == [] and blank.confidence == 1.0
+
+
+def test_each_reason_names_its_feature_its_value_and_the_threshold_crossed():
+    features = {"source_mean": 0.1, "source_min": 0.05, "repeats": 3.0, "copy": 0.2, "unused": 0.0}
+    thresholds = {"detached": 0.2, "partly-detached": 0.1, "repetition": 2.0, "copy": 0.9, "omission": None}
+    flags = flags_of(features, thresholds)
+    assert flags == ["detached", "repetition"]  # detached, so not also partly detached; no omission cut
+    why = why_flagged(flags, features, thresholds)
+    assert why["detached"].endswith("(source_mean) is 0.100, below 0.200")
+    assert why["repetition"].endswith("(repeats) is 3.000, at or above 2.000")
