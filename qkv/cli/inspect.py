@@ -263,7 +263,7 @@ def attend(args: argparse.Namespace) -> int:
     for flag, why in trust.why.items():
         print(f"  {flag}: {why}")
     method, at, head_at = default_reading(loaded.model.config)
-    scores = capture.cross[at, head_at] if method == "attention" else capture.norms[at, 0]  # (T, S)
+    scores = capture.alignment if method == "attention" else capture.norms[at, 0]  # (T, S)
     reading = (f"the alignment head (layer {at + 1}, head {head_at + 1})" if method == "attention"
                else f"value-norm contributions at decoder layer {at + 1}")
     print(f"word alignment ({reading}, as qkv align), and how much of "

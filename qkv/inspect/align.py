@@ -126,6 +126,10 @@ def align(
 
 def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None) -> torch.Tensor:
     """(B, T, S) source scores of each target position: src (B, S), tgt_in (B, T)."""
+    if method == "attention" and head == 0 and model.config.alignment_layer is not None and \
+            layer % len(model.decoder_layers) == model.config.alignment_layer:  # the alignment head, in its own pass
+        memory, src_mask, _ = model.encode(src)
+        return model.alignment_head(tgt_in, memory, src_mask).float()
     if method == "attention":  # the plain pass: no decomposition needed
         memory, src_mask, _ = model.encode(src)
         _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed

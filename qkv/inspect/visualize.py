@@ -48,6 +48,7 @@ class AttentionCapture:
     cross: Tensor  # (L, H, T, S)
     norms: Tensor | None = None  # (L, 1, T, S)
     alti: Tensor | None = None  # (L, 1, T, S)
+    alignment: Tensor | None = None  # (T, S): the alignment head's weights, for a model trained with one (Transformer.alignment_head)
 
     def weights(self, kind: Kind) -> Tensor:
         found = {"cross": self.cross, "enc-self": self.encoder, "dec-self": self.decoder_self, "norm": self.norms,
@@ -124,6 +125,7 @@ def attention_of(
         encoder=stack(encoder),
         decoder_self=stack(weights.decoder_self),
         cross=stack(weights.cross),
+        alignment=None if model.config.alignment_layer is None else model.alignment_head(tgt, memory, src_mask)[0].float().cpu(),
     )
 
 

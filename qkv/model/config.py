@@ -21,6 +21,7 @@ from qkv.errors import QkvError
 
 Activation = Literal["relu", "gelu", "silu"]
 PositionLayout = Literal["interleaved", "split"]
+AlignmentContext = Literal["causal", "full"]
 
 C = TypeVar("C")
 
@@ -161,6 +162,7 @@ class ModelConfig:
     output_bias: bool = False  # a bias on the output projection (Marian's final-logits bias)
     pad_id: int = 0  # >= 0 and inside both vocabularies; read from the tokenizer when a model is built for data
     alignment_layer: int | None = None  # the decoder layer (0-based) whose first cross-attention head guided alignment trains to align (qkv.train.alignment); None: no such head
+    alignment_context: AlignmentContext | None = None  # what that head's pass sees of the target: "full" (every target token, no causal mask; Garg et al. 2019's full-context alignment) or "causal" (the tokens before each, as the search does; None: causal, the default, chosen on val: docs/training.md#guided-alignment)
 
     def __post_init__(self) -> None:
         check_types(self, "model")

@@ -154,12 +154,16 @@ class DecoderLayer(nn.Module):
         cache: dict[str, KVCache] | None = None,
         need_weights: bool = False,
         need_cross: bool = False,
+        tgt_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """``need_cross``: the cross-attention's weights only (guided alignment's training pass)."""
+        """``need_cross``: the cross-attention's weights only (guided alignment's training pass).
+        ``tgt_mask`` (B, T), True for real target tokens: self-attention over the whole target
+        (no causal mask; the full-context alignment pass), else over the tokens before each."""
         self_cache = None if cache is None else cache["self"]
         cross_cache = None if cache is None else cache["cross"]
+        causal = tgt_mask is None
         x, self_w = self.self_sublayer(
-            x, lambda h: self.self_attn(h, causal=True, cache=self_cache, need_weights=need_weights)
+            x, lambda h: self.self_attn(h, key_mask=tgt_mask, causal=causal, cache=self_cache, need_weights=need_weights)
         )
         cross_weights = need_weights or need_cross
         x, cross_w = self.cross_sublayer(
@@ -372,17 +376,37 @@ class Transformer(nn.Module):
 
     def aligned_decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
         """The teacher-forced decoder pass with the alignment head's weights: the decoder's output
-        (B, T, D) and the first cross-attention head of layer ``config.alignment_layer``, (B, T, S)."""
+        (B, T, D) and the first cross-attention head of layer ``config.alignment_layer``, (B, T, S).
+        With ``alignment_context`` "full" the head comes from a second pass (``alignment_head``)."""
         index = self.config.alignment_layer
         if index is None:
             raise QkvError("this model has no alignment head (model key alignment_layer)")
+        full = self.config.alignment_context == "full"
         x = self._embed(self.tgt_embed, tgt)
         head = None
         for i, layer in enumerate(self.decoder_layers):
-            x, _, cross = layer(x, memory, src_mask, need_cross=i == index)
-            if i == index:
+            x, _, cross = layer(x, memory, src_mask, need_cross=i == index and not full)
+            if i == index and not full:
                 head = cross[:, 0]  # (B, H, T, S) -> (B, T, S)
+        if full:
+            head = self.alignment_head(tgt, memory, src_mask)
         return self.decoder_norm(x), head
+
+    def alignment_head(self, tgt: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """The alignment head's weights (B, T, S) for the teacher-forced target ``tgt`` (B, T) = BOS +
+        target: row t aligns the token the decoder predicts at t. With ``alignment_context`` "full",
+        from a pass through the layers up to the head's in which each position sees the whole target
+        (fairseq's ``full_context_alignment``; no output is predicted from it), else the search's own
+        causal pass."""
+        index = self.config.alignment_layer
+        if index is None:
+            raise QkvError("this model has no alignment head (model key alignment_layer)")
+        tgt_mask = (tgt != self.config.pad_id) if self.config.alignment_context == "full" else None  # (B, T)
+        x = self._embed(self.tgt_embed, tgt)
+        for layer in self.decoder_layers[:index]:
+            x, _, _ = layer(x, memory, src_mask, tgt_mask=tgt_mask)
+        _, _, cross = self.decoder_layers[index](x, memory, src_mask, need_cross=True, tgt_mask=tgt_mask)
+        return cross[:, 0]  # (B, H, T, S) -> (B, T, S)
 
     @property
     def device(self) -> torch.device:

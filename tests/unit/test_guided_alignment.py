@@ -101,6 +101,33 @@ def test_the_aligned_pass_computes_what_the_plain_pass_does():
     torch.testing.assert_close(head.sum(-1), torch.ones(3, 4))
 
 
+def test_a_full_context_head_sees_the_whole_target_and_not_its_padding():
+    """alignment_context "full": the head's pass has no causal mask (a later target token changes an
+    earlier row), padding changes no row, and the logits are the plain causal pass's; "causal": the
+    head is the plain pass's own weights."""
+    torch.manual_seed(2)
+    base = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                       n_decoder_layers=2, alignment_layer=1, dropout=0.0)
+    src, tgt_in = torch.randint(3, 30, (2, 5)), torch.randint(3, 30, (2, 4))
+    full = Transformer(base.replace(alignment_context="full")).eval()
+    logits, head = full(src, tgt_in, alignment=True)
+    torch.testing.assert_close(logits, full(src, tgt_in))
+    later = tgt_in.clone()
+    later[:, -1] = (later[:, -1] + 1 - 3) % 27 + 3  # another last token
+    _, changed = full(src, later, alignment=True)
+    assert not torch.allclose(changed[:, 0], head[:, 0])  # row 0 saw the last token
+    padded = torch.cat([tgt_in, torch.zeros(2, 3, dtype=torch.long)], dim=1)  # pad_id 0 after the target
+    _, with_pad = full(src, padded, alignment=True)
+    torch.testing.assert_close(with_pad[:, :4], head)
+    causal = Transformer(base.replace(alignment_context="causal")).eval()
+    causal.load_state_dict(full.state_dict())
+    memory, src_mask, _ = causal.encode(src)
+    _, weights = causal.decode(tgt_in, memory, src_mask, need_weights=True)
+    torch.testing.assert_close(causal.alignment_head(tgt_in, memory, src_mask), weights.cross[1][:, 0])
+    _, causal_changed = causal(src, later, alignment=True)
+    torch.testing.assert_close(causal_changed[:, 0], weights.cross[1][:, 0, 0])  # a causal row never sees later tokens
+
+
 def test_settings_guided_alignment_cannot_follow_are_refused():
     with pytest.raises(ConfigError, match="case_augment"):
         check_alignment_settings(0.05, DataConfig(case_augment=0.1), 4)
