@@ -17,6 +17,12 @@ version or CTranslate2) but is provably qkv's (its manifest names every file it 
 exported again; one without qkv's manifest, or holding a file the manifest does not name, is refused
 in one line naming the directory, and never deleted.
 
+An export is written in a staging directory (``<hash>.unchecked.<random>.tmp``) holding a marker
+(``STAGING_MARKER``: the host and the id of the process writing it), then renamed into place. A process
+killed during an export leaves its staging directory behind; a later export removes every one that qkv
+can prove it left (``stale_staging``: its marker names a process of this host that is no longer
+running, and it holds nothing but the marker and the export), and never anything else.
+
 ``CTranslate2Translator`` is a ``Translator`` whose ``translate_ids`` runs CTranslate2 under qkv's
 search rules (``ct2_translate_ids``: the checkpoint's beam and length penalty, beam-size finished
 hypotheses, as ``--stop-early``); everything above it (sentence splitting, streams, scores, the
@@ -29,7 +35,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 from dataclasses import replace
@@ -55,6 +63,9 @@ UNCHECKED = ".unchecked"  # an export not yet checked (a process killed before i
 EXPORT_VERSION = 2
 CACHE_MANIFEST = "qkv_cache.json"  # a cache entry's own manifest (module docstring)
 CACHE_FORMAT = "qkv ctranslate2 cache"
+STAGING_MARKER = "qkv_staging.json"  # inside a staging directory: who writes it (module docstring)
+STAGING_FORMAT = "qkv ctranslate2 staging"
+_STAGING_NAME = re.compile(rf"[0-9a-f]{{32}}{re.escape(UNCHECKED)}\.[a-z0-9_]+\.tmp")  # tempfile.mkdtemp's names
 
 
 def cache_root() -> Path:
@@ -143,6 +154,52 @@ def _verified(entry: Path, digest: str, log) -> bool:
     return False
 
 
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one that exists but is another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_staging(directory: Path) -> bool:
+    """Whether ``directory`` is a staging directory that qkv provably left: named as ``ensure_export`` names
+    them, a real directory holding only its ``STAGING_MARKER`` and the export (a directory), the marker
+    naming this host and a process that no longer runs. Anything else, say one whose process runs or
+    whose marker is missing (a process killed before it wrote it), is not."""
+    if not _STAGING_NAME.fullmatch(directory.name) or directory.is_symlink() or not directory.is_dir():
+        return False
+    marker = directory / STAGING_MARKER
+    try:
+        if marker.is_symlink() or not marker.is_file():
+            return False
+        record = json.loads(marker.read_bytes()[:10_000])
+        pid, host = record["pid"], record["host"]
+        if record["format"] != STAGING_FORMAT or type(pid) is not int or pid <= 0 or host != socket.gethostname():
+            return False
+        for entry in directory.iterdir():
+            if entry.name != STAGING_MARKER and (entry.name != "export" or entry.is_symlink() or not entry.is_dir()):
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return pid != os.getpid() and not _running(pid)
+
+
+def remove_stale_staging(root: Path, log) -> None:
+    """Remove the staging directories in the cache ``root`` that killed exports left (``stale_staging``)."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:  # no cache yet
+        return
+    for entry in entries:
+        if stale_staging(entry):
+            log(f"removing {entry}, left by a CTranslate2 export that did not finish")
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def ensure_export(checkpoint_dir: str | Path, *, log=lambda m: print(m, file=sys.stderr)) -> tuple[Path, bool]:
     """The checkpoint's CTranslate2 export, verified (``verify_entry``), or made if the cache has none
     (or none that verifies); and whether it is not yet checked (then ``CTranslate2Translator(check=True)``
@@ -151,6 +208,7 @@ def ensure_export(checkpoint_dir: str | Path, *, log=lambda m: print(m, file=sys
     digest = checkpoint_digest(resolved)
     out = export_dir(resolved)
     unchecked = out.with_name(out.name + UNCHECKED)  # renamed to ``out`` once it passed its check
+    remove_stale_staging(out.parent, log)  # what exports killed before, of this checkpoint or another
     if _verified(out, digest, log):
         return out, False
     if _verified(unchecked, digest, log):
@@ -158,8 +216,11 @@ def ensure_export(checkpoint_dir: str | Path, *, log=lambda m: print(m, file=sys
     unchecked.parent.mkdir(parents=True, exist_ok=True)
     log(f"exporting {resolved} to CTranslate2 once, into {out}")
     # Written and given its manifest in a directory of its own, then renamed: an entry is whole or absent.
+    # The marker says whose it is, so that a later run can remove it if this process is killed.
     staging = Path(tempfile.mkdtemp(prefix=f"{unchecked.name}.", suffix=".tmp", dir=unchecked.parent))
     try:
+        marker = {"format": STAGING_FORMAT, "pid": os.getpid(), "host": socket.gethostname()}
+        (staging / STAGING_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
         made = export_ctranslate2(resolved, staging / "export")
         write_cache_manifest(made, digest)
         try:

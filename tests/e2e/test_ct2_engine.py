@@ -187,3 +187,83 @@ def test_a_cache_entry_is_verified_and_rebuilt_only_when_qkv_wrote_it(tiny_run, 
         assert len(err) == 1 and err[0].startswith(f"qkv translate: error: {ours} is in qkv's CTranslate2 cache but "), err
         assert snapshot(ours) == before
         shutil.rmtree(ours)
+
+
+KILLED_EXPORT = """
+import os, sys, time
+import qkv.interop.ct2_engine as engine
+real = engine.export_ctranslate2
+def export_then_hang(checkpoint_dir, out):
+    made = real(checkpoint_dir, out)
+    open(sys.argv[2], "w").close()  # the export is written, not yet renamed into place: kill me now
+    time.sleep(600)
+engine.export_ctranslate2 = export_then_hang
+engine.ensure_export(sys.argv[1], log=lambda m: None)
+"""
+
+
+def test_a_later_run_removes_what_a_killed_export_left_and_nothing_else(random_checkpoint, tmp_path, cache):
+    """A process killed during an export left its staging directory (<key>.unchecked.<random>.tmp) in the
+    cache for ever. Its marker names the process: a later export removes it once that process is gone,
+    and leaves alone every directory qkv cannot prove it left (no marker, a running process's, another
+    host's, one holding a file of the user's, a link)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import socket
+    from pathlib import Path
+
+    from conftest import snapshot
+
+    from qkv.interop.ct2_engine import STAGING_MARKER, UNCHECKED, stale_staging
+
+    ready = tmp_path / "ready"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(random_checkpoint), str(ready)],
+                             env={**os.environ, "QKV_CT2_CACHE": str(cache)})
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the export did not start"
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    (left,) = [p for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert (left / "export" / "model.bin").exists() and json.loads((left / STAGING_MARKER).read_text())["pid"] == child.pid
+    assert stale_staging(left)
+
+    key = export_dir(checkpoint.resolve(random_checkpoint)).name
+    mine = {"format": "qkv ctranslate2 staging", "pid": child.pid, "host": socket.gethostname()}  # as the killed one's
+
+    def staged(suffix: str, marker: dict | None, extra: str | None = None) -> Path:
+        where = cache / f"{key}{UNCHECKED}.{suffix}.tmp"
+        (where / "export").mkdir(parents=True)
+        (where / "export" / "model.bin").write_bytes(b"weights")
+        if marker is not None:
+            (where / STAGING_MARKER).write_text(json.dumps(marker))
+        if extra:
+            (where / extra).write_text("mine\n")
+        return where
+
+    kept = [
+        staged("nomarker", None),  # killed before it wrote its marker, or made by hand
+        staged("running", mine | {"pid": os.getppid()}),  # a running process's export (pytest's parent)
+        staged("elsewhere", mine | {"host": mine["host"] + "-other"}),  # another host's, sharing the cache
+        staged("users", mine, extra="notes.txt"),  # holds what qkv never writes there
+    ]
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    (user_dir / STAGING_MARKER).write_text(json.dumps(mine))
+    link = cache / f"{key}{UNCHECKED}.link.tmp"
+    link.symlink_to(user_dir)
+    before = {p: snapshot(p) for p in [*kept, user_dir]}
+    logs = []
+    made, fresh = ensure_export(random_checkpoint, log=logs.append)
+    assert fresh and made.exists() and not left.exists()
+    assert f"removing {left}, left by a CTranslate2 export that did not finish" in logs
+    assert {p: snapshot(p) for p in [*kept, user_dir]} == before and link.is_symlink()
+    assert sorted(p.name for p in cache.iterdir() if p.name.endswith(".tmp")) == sorted([*(p.name for p in kept), link.name])
