@@ -4,6 +4,8 @@ and bad inputs are one line before any work."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -72,8 +74,22 @@ def translate(teachers: list[Path], source: Path, out: Path) -> list[str]:
 def distilled(dates, teacher, tmp_path_factory) -> Path:
     """An uninterrupted distillation with an ensemble of two of the teacher's checkpoints."""
     out = tmp_path_factory.mktemp("distill") / "d"
-    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out)) == 0
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out)) == 0
+    (out.parent / "stderr.txt").write_text(said.getvalue())
     return out
+
+
+def test_the_student_is_calibrated_as_qkv_train_calibrates_a_run(distilled):
+    """The student's final/ gets its own confidence (qkv.cli.trust.calibrate_after_training), or the
+    one-line note that it could not: dates of a few words are too short references to fit one."""
+    said = (distilled.parent / "stderr.txt").read_text()
+    final = distilled / "student" / "final"
+    if (final / "confidence.json").is_file():
+        assert f"calibrated {final}: confidence.json" in said
+    else:
+        assert f"note: {final} was not calibrated" in said
 
 
 def test_the_students_corpus_is_the_ensembles_qkv_translate_output(dates, teacher, distilled, tmp_path):
