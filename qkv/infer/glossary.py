@@ -89,14 +89,11 @@ class Glossary:
                 raise QkvError(f"{name} {unit} {term.line}: {term.source!r} is already listed on {where}"
                                if term.line else f"{name}: {term.source!r} is listed twice")
             seen[key] = term
-        # Longest first: where terms overlap the longest wins (then the leftmost).
-        self._patterns = sorted(
-            ((term, _pattern(term.source, term.source == term.source.lower())) for term in self.terms),
-            key=lambda tp: -len(tp[0].source),
-        )
-        # Each form as written and, where it starts in lower case, with a capital first letter; longest first.
-        self._forms = {term: [(f, _pattern(f, False), _pattern(f[:1].upper() + f[1:], False))
-                              for f in sorted(term.forms, key=len, reverse=True)] for term in self.terms}
+        # The patterns are compiled when first matched, not here: a request's glossary of 1,000 long
+        # entries took seconds to compile, which the server does in its model thread and charges
+        # (qkv.serve.work.GLOSSARY_CHARS_PER_UNIT), never while it validates the request.
+        self._patterns: list[tuple[Term, re.Pattern]] | None = None
+        self._forms: dict[Term, list[tuple[str, re.Pattern, re.Pattern]]] = {}
 
     def __len__(self) -> int:
         return len(self.terms)
@@ -150,6 +147,9 @@ class Glossary:
 
     def matches(self, sentence: str) -> list[TermMatch]:
         """Where the glossary's terms occur in ``sentence``, left to right, never overlapping."""
+        if self._patterns is None:  # longest first: where terms overlap the longest wins (then the leftmost)
+            self._patterns = sorted(((term, _pattern(term.source, term.source == term.source.lower())) for term in self.terms),
+                                    key=lambda tp: -len(tp[0].source))
         taken: list[tuple[int, int]] = []
         found = []
         for term, pattern in self._patterns:
@@ -163,6 +163,9 @@ class Glossary:
     def found(self, term: Term, translation: str) -> list[tuple[str, int, int]]:
         """Each place one of ``term``'s forms stands in ``translation``: (form, start, end), left to
         right, longest form first where two overlap."""
+        if term not in self._forms:  # each form as written and, where it starts in lower case, with a capital first letter; longest first
+            self._forms[term] = [(f, _pattern(f, False), _pattern(f[:1].upper() + f[1:], False))
+                                 for f in sorted(term.forms, key=len, reverse=True)]
         hits = []
         for form, *patterns in self._forms[term]:
             for pattern in patterns:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 
 from qkv.errors import QkvError
 from qkv.infer.glossary import MAX_TERM_CHARS, Glossary
-from qkv.serve.batcher import Settings
+from qkv.serve.work import Settings
 
 MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.common.MAX_BEAM (64)
 MAX_GLOSSARY_TERMS = 1000  # entries of a request's glossary
@@ -21,8 +21,10 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}  #
 
 
 class AttentionOut(BaseModel):
-    source: str
-    translation: str
+    """One searched sentence's attention: a text searched as one sentence gets one of these."""
+
+    source: str = Field(description="the sentence as the model read it (split from its text, recased)")
+    translation: str = Field(description="the model's translation of it, before it was recased and joined")
     src_tokens: list[str] = Field(description="S source subword pieces, EOS last")
     tgt_tokens: list[str] = Field(description="T target subword pieces, EOS last")
     cross: list[list[list[list[float]]]] = Field(
@@ -32,6 +34,14 @@ class AttentionOut(BaseModel):
         description="ALTI+ contributions (layers, T, S): the share of each source token in the representation "
         "that predicts target token t after each decoder layer; the rest of row t (1 - its sum) is the target prefix's"
     )
+
+
+class TextAttentionOut(BaseModel):
+    """A text the server cut into several sentences and searched one by one: each sentence's attention."""
+
+    source: str = Field(description="the text as sent")
+    translation: str = Field(description="its translation, as in translations")
+    sentences: list[AttentionOut] = Field(description="each sentence the model searched, in order, with its attention")
 
 
 class WordOut(BaseModel):
@@ -77,9 +87,15 @@ class TranslateResponse(BaseModel):
     n_best: list[list[Candidate]] | None = Field(
         None, description="only when the request has n_best: each text's n best translations with scores, best first"
     )
-    attention: list[AttentionOut] | None = Field(None, description="only when the request asked for attention")
+    attention: list[AttentionOut | TextAttentionOut] | None = Field(
+        None, description="only when the request asked for attention: for each text, its attention (a text searched "
+        "as one sentence), or its sentences' (a text split into several: TextAttentionOut)"
+    )
     confidence: list[TrustOut] | None = Field(
-        None, description="only when the request asked for confidence: whether to trust each translation"
+        None, description="only when the request asked for confidence: whether to trust each translation, each "
+        "sentence judged as the model read and wrote it (split, recased) and a text's sentences combined as "
+        "`qkv translate --confidence` does: the least confident sentence's confidence and features, every "
+        "sentence's flags, unused source words numbered across its sentences as the model read them"
     )
     terms: list[list[TermOut]] | None = Field(
         None, description="only when the request has a glossary: for each text, each term it asked for and where it went"
@@ -160,13 +176,14 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
         )
         split: StrictBool = Field(
             True, description="cut each text into sentences by the source language's rules, translate them in one "
-            "batch and join their translations (false: each text is one sentence); not with n_best, attention, "
-            "confidence or max_length, which describe or bound one search of each text as sent"
+            "batch and join their translations (false: each text is one sentence); attention and confidence then "
+            "describe each sentence searched; not with n_best, glossary or max_length, which describe or bound one "
+            "search of each text as sent"
         )
         keep_case: StrictBool = Field(
             False, description="translate a sentence in capitals or in Title Case as it is (default: in sentence "
             "case, and the translation of one in capitals written back in capitals); as split, not with n_best, "
-            "attention, confidence or max_length"
+            "glossary or max_length"
         )
         glossary: list[Entry] | None = Field(
             None, max_length=MAX_GLOSSARY_TERMS,

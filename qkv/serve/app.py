@@ -37,9 +37,10 @@ from qkv.errors import QkvError
 from qkv.data.sentences import TextOptions, prepare_line
 from qkv.io import checkpoint
 from qkv.inspect.trust import calibration_of
-from qkv.serve.batcher import (
-    ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Batcher, Busy,
-    Job, Settings, Work,
+from qkv.serve.batcher import Batcher, Busy, Job
+from qkv.serve.work import (
+    ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, GLOSSARY_CHARS_PER_UNIT, GLOSSARY_ENTRY_WORK,
+    GLOSSARY_MATCHES_PER_UNIT, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Settings, Work,
 )
 from qkv.serve.api import ErrorOut, InvalidOptions, TranslateResponse, request_model, settings_of
 
@@ -202,7 +203,10 @@ WORK_RULES = (
     f"with attention, also 1 per {ATTENTION_WEIGHTS_PER_UNIT} attention weights computed (encoder, decoder and "
     "cross, layers x heads x positions x positions); with attention and with confidence, each, the output tokens once "
     f"more, {CONTRIBUTION_TEXT_WORK} a text and 1 per {CONTRIBUTION_ELEMENTS_PER_UNIT} elements of the vectors that "
-    "decompose each attention block (layers x positions x positions x d_model); an empty text counts 1"
+    "decompose each attention block (layers x positions x positions x d_model); "
+    f"with a glossary, {GLOSSARY_ENTRY_WORK} per entry, 1 per {GLOSSARY_CHARS_PER_UNIT} characters of its source terms "
+    f"and 1 per {GLOSSARY_MATCHES_PER_UNIT} entries x text characters, and for a text that holds terms its constrained "
+    "search; a text cut into sentences counts each sentence as a text; an empty text counts 1"
 )
 
 
@@ -213,6 +217,8 @@ def too_much_work(work: Work, settings: Settings, limit: int) -> str:
         parts += f", {work.attention} for attention weights"
     if settings.attention or settings.confidence:
         parts += f", {work.contributions} for contributions"
+    if settings.glossary is not None:
+        parts += f", {work.glossary} for the glossary"
     return (
         f"this request asks for {work.total} units of work ({parts}; {WORK_RULES}); this server's limit is {limit} "
         "(--max-request-work): send fewer or shorter texts, a smaller beam_size or a max_length"
@@ -317,27 +323,34 @@ def create_app(
             return _unprocessable(field, "not_on_this_engine",
                                   f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
-        whole = body.n_best is not None or body.attention or body.confidence or body.max_length is not None or body.glossary is not None
-        if (body.split or not body.keep_case) and not whole:
-            options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)
-            lines = [prepare_line(text, options) for text in body.texts]
-        texts = body.texts if lines is None else [s for line in lines for s in line.sentences]
-        src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(texts)]
-        # The answer's size first: over it, attention is what to change (its weights also count as work).
-        if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
-            return _unprocessable("attention", "too_much_attention", (
-                f"with attention this request could return {weights} weights (layers x heads x output x source "
-                f"tokens, summed over texts); this server's limit is {max_weights} (--max-attention-weights): "
-                "send fewer or shorter texts, or a max_length"
-            ))
-        parts = batcher.work_parts(src_ids, settings, texts)
-        work = parts.total
-        if work > max_work:
-            return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
-        try:
-            job = batcher.submit(body.texts, src_ids, settings, work, lines=lines)
+        whole = body.n_best is not None or body.max_length is not None or body.glossary is not None
+        try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's
+            if (body.split or not body.keep_case) and not whole:
+                options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)
+                lines = [prepare_line(text, options) for text in body.texts]
+            texts = body.texts if lines is None else [s for line in lines for s in line.sentences]
+            src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(texts)]
+            # The answer's size first: over it, attention is what to change (its weights also count as work).
+            if body.attention and (weights := batcher.attention_weights(src_ids, settings)) > max_weights:
+                return _unprocessable("attention", "too_much_attention", (
+                    f"with attention this request could return {weights} weights (layers x heads x output x source "
+                    f"tokens, summed over sentences); this server's limit is {max_weights} (--max-attention-weights): "
+                    "send fewer or shorter texts, or a max_length"
+                ))
+            parts = batcher.work_parts(src_ids, settings, texts)  # a glossary's own work by its size: nothing matched here
+            if parts.total > max_work:
+                return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
+            if settings.glossary is not None:  # its terms matched in the model thread, for the constrained searches' charge
+                parts = await batcher.glossary_work(src_ids, settings, texts, reserve=parts.total)
+                if parts.total > max_work:
+                    return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
+            job = batcher.submit(body.texts, src_ids, settings, parts.total, lines=lines)
         except Busy as busy:
             return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+        except Exception:  # a bug or a third-party library's failure: the client gets JSON, the log the traceback
+            log.exception("preparing a request of %d texts failed", len(body.texts))
+            batcher.stats.failed += 1
+            return _error(500, "preparing the translation failed; the server's log has the details")
         return await _answer(request, job)
 
     async def _answer(request: Request, job: Job) -> Response:

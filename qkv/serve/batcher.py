@@ -13,7 +13,8 @@ times the units each costs (``Settings.work_per_token``: the beam size, or the p
 token, plus one when a greedy or sampled output is scored); with attention, also the attention
 pass's output tokens and every attention weight it computes (the encoder's, the decoder's and the
 cross weights, ``ATTENTION_WEIGHTS_PER_UNIT`` to a unit). An empty text counts 1. The queue counts
-work, admitted and not yet answered, so a full queue means a bounded wait, not a long list.
+work, admitted and not yet answered, so a full queue means a bounded wait, not a long list. The
+prices of the units are in ``qkv.serve.work``.
 
 Requests share a batch only when they ask for the same search (``Settings.search``); what changes
 only the answer (how many of the n best, attention) is applied to each request's share of the results.
@@ -38,8 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.data.sentences import Line
-from qkv.infer.glossary import Glossary
+from qkv.data.sentences import AS_IS, Line
 from qkv.infer.terms import CONSTRAINED_BEAM, constraint_forms, translate_with_glossary
 from qkv.inspect.terms import place
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
@@ -48,95 +48,14 @@ from qkv.infer.score import target_log_probs
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator, collate_sources
 from qkv.inspect.contributions import contributions
-from qkv.inspect.trust import assess
+from qkv.inspect.trust import assess_lines
+
+from qkv.serve.work import (
+    ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, GLOSSARY_CHARS_PER_UNIT,
+    GLOSSARY_ENTRY_WORK, GLOSSARY_MATCHES_PER_UNIT, SOURCE_TOKEN_WORK, Settings, Work,
+)
 
 log = logging.getLogger("qkv.serve.app")
-
-# Units of work per output token of sampling (a token of beam search costs the beam size). Each step
-# draws from the whole vocabulary: top_k selects from it, top_p sorts it. benchmarks/sampling_cost.py
-# timed each, per unit, against greedy search on one CPU thread: plain sampling 1.00-1.45x, top_k
-# 1.06-2.40x, top_p 1.37-12.56x (the most: small models with large vocabularies); beam 16 0.90-1.17x.
-SAMPLED_TOKEN_WORK = 1
-TOP_K_TOKEN_WORK = 2
-TOP_P_TOKEN_WORK = 12
-# Units of work per source token, for each pass of the encoder over it. Timed on one thread against
-# greedy steps in batches of 32, a source token took 0.3 to 0.6 of a step (d_model 32 to 128, sources
-# of 100 to 1,000 tokens); counted in matrix-product FLOPs, 0.8 (the tiny preset): the encoder has
-# no cross-attention and no output layer.
-SOURCE_TOKEN_WORK = 1
-# Attention weights computed per unit of work, with "attention": the pass that captures them
-# materializes every weight of the encoder's self-attention (layers x heads x S x S), the decoder's
-# (x T x T) and the cross-attention (x T x S). Timed as above (d_model 32 to 128, sources of 100 to
-# 1,000 tokens), that pass took 56 to 2,300 units; charged S + T units and one per 1,000 weights, it
-# pays 2.5 to 14 times that: on the dear side, which errs towards refusing.
-ATTENTION_WEIGHTS_PER_UNIT = 1000
-# Decomposed vector elements per unit, with "attention" or "confidence": that pass writes each
-# attention block's output as one vector per input (qkv.inspect.contributions), layers x queries x
-# keys x d_model elements, and each text costs CONTRIBUTION_TEXT_WORK more for its bookkeeping.
-# Timed on one thread on the Multi30k preset's model (d_model 128) against greedy steps in batches of
-# 32, the confidence of one text of 19, 73 and 217 tokens (translated into as many) took 86, 192 and
-# 772 units; its decomposition alone is charged as below 91, 1,048 and 9,075 (the search's output
-# limit, not the translation's length, makes the charge larger still): on the dear side, and in step
-# with the pass's matrix-product FLOPs (tests/e2e/test_server_decoding.py).
-CONTRIBUTION_ELEMENTS_PER_UNIT = 8_000
-CONTRIBUTION_TEXT_WORK = 20
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a request asks of the decoder, as validated by the server."""
-
-    beam_size: int = 5
-    max_length: int | None = None
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    n_best: int | None = None  # None: the answer has no n-best lists (and no scores)
-    attention: bool = False
-    confidence: bool = False
-    glossary: Glossary | None = None  # compared by identity: a request with a glossary shares its batch with no other
-
-    def search(self) -> Settings:
-        """Without what changes only the answer: requests with equal searches share a batch."""
-        return replace(self, n_best=None, attention=False, confidence=False)
-
-    def decode_config(self, n_best: int = 1) -> DecodeConfig:
-        length = {} if self.max_length is None else {"max_len_a": 0.0, "max_len_b": self.max_length}
-        return DecodeConfig(
-            beam_size=self.beam_size, n_best=n_best, sampling=self.sampling, temperature=self.temperature,
-            top_k=self.top_k, top_p=self.top_p, seed=self.seed, **length,
-        )
-
-    @property
-    def scored_apart(self) -> bool:
-        """Greedy search and sampling give no scores: asked for, they take one teacher-forced pass more."""
-        return self.n_best is not None and self.beam_size == 1
-
-    def work_per_token(self) -> int:
-        if not self.sampling:
-            per_token = self.beam_size
-        elif self.top_p < 1:
-            per_token = TOP_P_TOKEN_WORK
-        else:
-            per_token = TOP_K_TOKEN_WORK if self.top_k else SAMPLED_TOKEN_WORK
-        return per_token + (1 if self.scored_apart else 0)
-
-
-@dataclass(frozen=True)
-class Work:
-    """What a request costs, in units of one decoder step of one output token (module docstring)."""
-
-    source: int  # source tokens x the encoder's passes over them
-    output: int  # output tokens x their price, with the attention pass's tokens; 1 per empty text
-    attention: int  # the attention weights the attention pass computes / ATTENTION_WEIGHTS_PER_UNIT
-    contributions: int = 0  # the decomposed elements / CONTRIBUTION_ELEMENTS_PER_UNIT, and each text's share
-
-    @property
-    def total(self) -> int:
-        return self.source + self.output + self.attention + self.contributions
-
 
 class Busy(Exception):
     """The queue is full, or the server is shutting down: answer 503 with Retry-After."""
@@ -258,12 +177,15 @@ class Batcher:
         """The units of work of a request (``work_parts``), in all."""
         return self.work_parts(src_ids, settings).total
 
-    def work_parts(self, src_ids: list[list[int]], settings: Settings, texts: list[str] | None = None) -> Work:
+    def work_parts(self, src_ids: list[list[int]], settings: Settings, texts: list[str] | None = None,
+                   matches: list[list] | None = None) -> Work:
         """What the server computes for these sources (module docstring), summed over texts: S source
         tokens (EOS included) and at most T output tokens each. With a glossary (``texts`` then given,
-        one per source), a text that holds terms may be searched again with constraints (at the
-        constrained beam, over its limit lengthened by its terms' longest forms) and is read once more
-        for the alignment check."""
+        one per source), the glossary's own work from its size and the texts' (``GLOSSARY_*``: nothing is
+        matched here, so this is cheap on the event loop); and with ``matches`` (each text's, found in the
+        model thread by ``glossary_work``), a text that holds terms may be searched again with constraints
+        (at the constrained beam, over its limit lengthened by its terms' longest forms) and is read once
+        more for the alignment check."""
         per_token = settings.work_per_token()
         c = self.model.config
         source = output = weights = elements = n_texts = 0
@@ -273,9 +195,10 @@ class Batcher:
                 continue
             extra = settings.attention + settings.confidence  # teacher-forced passes with contributions
             passes = 1 + settings.scored_apart + extra  # of the encoder over each source
-            if settings.glossary is not None and texts is not None and (matches := settings.glossary.matches(texts[i])):
-                beam = max(CONSTRAINED_BEAM, settings.beam_size, len(matches) + 1)
-                longest = sum(max(len(self.tokenizer.encode_target(f)) for f in constraint_forms(m.term)) for m in matches)
+            if settings.glossary is not None and matches is not None and matches[i]:
+                matches_i = matches[i]
+                beam = max(CONSTRAINED_BEAM, settings.beam_size, len(matches_i) + 1)
+                longest = sum(max(len(self.tokenizer.encode_target(f)) for f in constraint_forms(m.term)) for m in matches_i)
                 output += beam * (n + longest)
                 n += longest  # the translation may be that much longer: its other passes read as much more
                 passes += 2  # the constrained search's encoder, and the alignment check's pass
@@ -289,8 +212,29 @@ class Batcher:
             output += T * extra
             elements += extra * c.d_model * (c.n_encoder_layers * S * S + c.n_decoder_layers * (T * T + T * (S + 1)))
             n_texts += extra
+        glossary = 0
+        if settings.glossary is not None and texts is not None:
+            terms = settings.glossary.terms
+            glossary = (GLOSSARY_ENTRY_WORK * len(terms) + -(-sum(len(t.source) for t in terms) // GLOSSARY_CHARS_PER_UNIT)
+                        + -(-len(terms) * sum(map(len, texts)) // GLOSSARY_MATCHES_PER_UNIT))
         return Work(source, output, -(-weights // ATTENTION_WEIGHTS_PER_UNIT),
-                    CONTRIBUTION_TEXT_WORK * n_texts + -(-elements // CONTRIBUTION_ELEMENTS_PER_UNIT))
+                    CONTRIBUTION_TEXT_WORK * n_texts + -(-elements // CONTRIBUTION_ELEMENTS_PER_UNIT), glossary)
+
+    async def glossary_work(self, src_ids: list[list[int]], settings: Settings, texts: list[str], *, reserve: int) -> Work:
+        """The work of a request with a glossary, its terms matched in the model thread, never on the event
+        loop (issue 72, #11): ``work_parts`` with each text's matches. While it waits for that thread,
+        ``reserve`` units (its work without the constrained searches) count in the queue as a request's:
+        Busy if they do not fit, as ``submit``."""
+        self._admit(reserve)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._matched_work, src_ids, settings, texts)
+        finally:
+            self.pending_requests -= 1
+            self.pending_work -= reserve
+
+    def _matched_work(self, src_ids: list[list[int]], settings: Settings, texts: list[str]) -> Work:
+        assert settings.glossary is not None
+        return self.work_parts(src_ids, settings, texts, [settings.glossary.matches(t) for t in texts])
 
     def attention_weights(self, src_ids: list[list[int]], settings: Settings) -> int:
         """The most cross-attention weights the answer can hold: layers x heads x T x S, summed over texts."""
@@ -319,8 +263,8 @@ class Batcher:
     def queue_depth(self) -> int:
         return self.pending_requests
 
-    def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings, work: int,
-               lines: list[Line] | None = None) -> Job:
+    def _admit(self, work: int) -> None:
+        """Count a request of ``work`` units as waiting, or Busy (counted rejected) if the queue has no room."""
         if self.closing or self._queue is None:
             self.stats.rejected += 1
             raise Busy("the server is shutting down")
@@ -330,9 +274,13 @@ class Batcher:
                 f"the translation queue is full ({self.pending_requests} requests, {self.pending_work} units of "
                 f"work waiting; limits {self.max_queue} and {self.max_queue_work})"
             )
-        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines)
         self.pending_requests += 1
         self.pending_work += work
+
+    def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings, work: int,
+               lines: list[Line] | None = None) -> Job:
+        self._admit(work)
+        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines)
         job.future.add_done_callback(lambda _: self._release(job))
         self._queue.put_nowait(job)
         self.stats.requests += 1
@@ -459,12 +407,17 @@ class Batcher:
         return out
 
     def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
-        """One request's JSON body from its texts' hypotheses, best first (and with a glossary, ``terms``:
-        each text's terms, ``GlossaryTranslation.terms``)."""
-        translations = [self.tokenizer.decode(h[0].tokens) for h in hyps]
-        if job.lines is not None:  # each text's sentences joined back (never with n_best, attention, confidence or max_length)
-            at = iter(translations)
-            translations = [line.join([next(at) for _ in line.sentences]) for line in job.lines]
+        """One request's JSON body from the hypotheses of the sentences it searched, best first (and with a
+        glossary, ``terms``: each text's terms, ``GlossaryTranslation.terms``). Each text's translation is
+        its sentences' joined back (``job.lines``: split, recased; never with n_best, a glossary or
+        max_length); its confidence and attention read the sentences as the model read and wrote them."""
+        outputs = [self.tokenizer.decode(h[0].tokens) for h in hyps]  # one a sentence searched
+        lines = job.lines or [Line([text], [], [AS_IS]) for text in job.texts]
+        spans, start = [], 0  # each text's sentences: outputs[a:b], job.src_ids[a:b]
+        for line in lines:
+            spans.append((start, start + len(line.sentences)))
+            start += len(line.sentences)
+        translations = [line.join(outputs[a:b]) for line, (a, b) in zip(lines, spans)]
         answer: dict[str, Any] = {"translations": translations}
         if job.settings.n_best is not None:
             nbest = [h[: job.settings.n_best] for h in hyps]
@@ -473,19 +426,24 @@ class Batcher:
                 [{"translation": self.tokenizer.decode(h.tokens), "score": round(score, 4)} for h, score in zip(hs, ss)]
                 for hs, ss in zip(nbest, scores)
             ]
-        if job.settings.confidence:
-            trusts = assess(self.model, self.tokenizer, job.texts, translations, calibration=self.calibration,
-                            max_tokens=self.max_batch_tokens)
+        if job.settings.confidence:  # each sentence judged as translated, then each text, as qkv translate --confidence
+            trusts = assess_lines(self.model, self.tokenizer, [line.sentences for line in lines],
+                                  [outputs[a:b] for a, b in spans], calibration=self.calibration, max_tokens=self.max_batch_tokens)
             answer["confidence"] = [t.to_json() for t in trusts]
         if terms is not None:
             answer["terms"] = terms
         body = _compact(answer)
-        if job.settings.attention:  # the weights of each returned translation, one sentence at a time
+        if job.settings.attention:  # the weights of each sentence searched; a text of several holds its sentences'
             captures = []
-            for text, ids, h in zip(job.texts, job.src_ids, hyps):
+            for text, translation, line, (a, b) in zip(job.texts, translations, lines, spans):
                 if job.abandoned:  # nobody waits: skip its remaining sentences
                     break
-                captures.append(self._attention_json(text, ids, h[0].tokens))
+                mine = [self._attention_json(sentence, job.src_ids[k], hyps[k][0].tokens)
+                        for sentence, k in zip(line.sentences, range(a, b))]
+                if len(mine) == 1:
+                    captures.append(mine[0])
+                else:
+                    captures.append(_compact({"source": text, "translation": translation})[:-1] + f',"sentences":[{",".join(mine)}]}}')
             body = body[:-1] + f',"attention":[{",".join(captures)}]}}'
         return body.encode("utf-8")
 
@@ -509,8 +467,9 @@ class Batcher:
         return scores
 
     def _attention_json(self, text: str, ids: list[int], hyp: list[int]) -> str:
-        """The JSON of one attention object: source, translation, tokens, cross weights (L, H, T, S) and
-        ALTI+ contributions (L, T, S), from one teacher-forced pass (qkv.inspect.contributions)."""
+        """The JSON of one sentence's attention object: source (``text``, the sentence as the model read
+        it), translation (as it wrote it), tokens, cross weights (L, H, T, S) and ALTI+ contributions
+        (L, T, S), from one teacher-forced pass (qkv.inspect.contributions)."""
         if not ids:  # as Translator: an empty input translates to ''; one key gets all the weight
             c = self.model.config
             ones = [[[[1.0]] for _ in range(c.n_heads)] for _ in range(c.n_decoder_layers)]

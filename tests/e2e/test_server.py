@@ -860,3 +860,35 @@ def test_page_asks_for_n_best_or_a_sample_and_shows_the_scores(tmp_path):
     # The translation (its marked word), its confidence, its flag, the unused source word, the alternatives.
     assert shown["listed"] == "a → b0.25copysource words no target word used: a-0.5100b-0.7500c", shown
     assert "sentence(s)" in shown["status"], shown
+
+
+def test_page_shows_a_split_text_joined_and_each_of_its_sentences_in_the_heatmap(tmp_path):
+    """A text the server cut into sentences (issue 72, #10): the translation as answered (recased,
+    joined), the words to distrust matched to the model's own (lower-case) words, the unused source
+    words counted over the sentences as the model read them, and one heatmap choice per sentence."""
+    shown = run_page(tmp_path, """
+    (async () => {
+      $("input").value = "A DOG RUNS. A cat sleeps.";
+      const one = (source, translation) => Object.assign({}, capture, {source, translation});
+      reply = {translations: ["EIN HUND RENNT. Eine Katze."],
+               attention: [{source: "A DOG RUNS. A cat sleeps.", translation: "EIN HUND RENNT. Eine Katze.",
+                            sentences: [one("A dog runs.", "Ein Hund rennt."), one("A cat sleeps.", "Eine Katze.")]}],
+               confidence: [{confidence: 0.3, flags: [], why: {}, unused_source_words: [5],
+                             words: ["Ein", "Hund", "rennt.", "Eine", "Katze."].map((word, j) =>
+                               ({word, prob: 0.5, source: 0.5, marked: j === 1 || j === 4}))}]};
+      await translate();
+      const choices = nodes["sentence"].children.map((o) => o.textContent);
+      const translation = nodes["results"].children[0].children[2];
+      const marked = translation.children.filter((s) => typeof s !== "string" && s.attrs.class.includes("marked"));
+      const first = current.source;
+      choose(1);
+      console.log(JSON.stringify({request: requests[0], choices, translation: text(translation),
+                                  marked: marked.map((s) => s.textContent), listed: text($("results")), first, second: current.source}));
+    })();
+    """)
+    assert shown["request"] == {"texts": ["A DOG RUNS. A cat sleeps."], "attention": True, "confidence": True, "beam_size": 1}
+    assert shown["choices"] == ["1.1. A dog runs.", "1.2. A cat sleeps."]
+    assert shown["translation"] == "EIN HUND RENNT. Eine Katze."
+    assert shown["marked"] == ["HUND", "Katze."]
+    assert shown["listed"].endswith("source words no target word used: sleeps."), shown
+    assert (shown["first"], shown["second"]) == ("A dog runs.", "A cat sleeps.")
