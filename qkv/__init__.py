@@ -39,6 +39,7 @@ _LAZY = {  # name -> module, imported when the name is first used
     "translate_with_glossary": "qkv.infer.terms",
     "assess": "qkv.inspect.trust",
     "translate_with_confidence": "qkv.inspect.trust",
+    "TextOptions": "qkv.data.sentences",
 }
 
 __all__ = ["ModelConfig", "MultiHeadAttention", "Transformer", "model_preset", "scaled_dot_product_attention", *_LAZY]

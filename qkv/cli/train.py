@@ -277,6 +277,7 @@ def split_command(args: argparse.Namespace) -> int:
 
     c = split_corpus(args.src, args.tgt, args.out, dev=args.dev, test=args.test, seed=args.seed)
     print(f"split {c.read:,} pairs: train {c.train:,}, dev {c.dev:,}, test {c.test:,} -> {args.out} "
-          f"({c.overlapping:,} pairs left out as they share a sentence with dev or test; {c.empty:,} with an empty side)")
+          f"({c.overlapping:,} {'pair' if c.overlapping == 1 else 'pairs'} left out as {'it shares' if c.overlapping == 1 else 'they share'} "
+          f"a sentence with dev or test; {c.empty:,} with an empty side)")
     print("wrote " + " ".join(str(path) for path in c.files.values()))
     return 0
