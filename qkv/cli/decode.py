@@ -204,7 +204,7 @@ def evaluate(args: argparse.Namespace) -> int:
     print(format_scores(score(hypotheses, corpus.tgt)))
     if glossary is not None:
         aligner(args, model, tokenizer)(results)
-        print(term_summary(results))
+        print(term_summary(results, glossary=bool(args.glossary), numbers=args.numbers))
     if args.confidence:
         print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses)
     return 0

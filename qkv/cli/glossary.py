@@ -16,23 +16,30 @@ def glossary_args(p: argparse.ArgumentParser, *, report: bool) -> None:
     p.add_argument("--glossary-always", action="store_true",
                    help="with --glossary: search every sentence that holds a term with the constrained search "
                         "(default: only those whose translation misses a term)")
+    p.add_argument("--numbers", action="store_true",
+                   help="every number a sentence writes in digits (42, 3.5, 1,000, 10:30, 3/4/2024, the 5 of $5) must "
+                        "stand in its translation, checked and searched for as a glossary term (docs/glossary.md#numbers)")
     if report:
         p.add_argument("--glossary-report", action="store_true",
-                       help="with --glossary: write one JSON object a line: the translation, and each term asked for, "
-                            "found or not, where, and the source words it aligns to")
+                       help="with --glossary or --numbers: write one JSON object a line: the translation, and each term "
+                            "(or number) asked for, found or not, where, and the source words it aligns to")
 
 
 def load_glossary(args: argparse.Namespace):
-    """The --glossary file, checked before any model is loaded; None without one."""
-    if not args.glossary:
+    """The --glossary file, checked before any model is loaded, and with --numbers the numbers of each
+    sentence as terms (``qkv.infer.numbers.Numbers``); None with neither."""
+    if not args.glossary and not args.numbers:
         if args.glossary_always or getattr(args, "glossary_report", False):
-            raise QkvError("--glossary-always and --glossary-report go with --glossary FILE")
+            raise QkvError("--glossary-always and --glossary-report go with --glossary FILE or --numbers")
         return None
     from qkv.infer.glossary import Glossary
+    from qkv.infer.numbers import Numbers
 
     if getattr(args, "n_best", 1) > 1 or getattr(args, "sampling", False):
-        raise QkvError("--glossary puts its terms into the one translation of each line: not with --n-best or --sampling")
-    return Glossary.read(args.glossary)
+        flag = "--glossary" if args.glossary else "--numbers"
+        raise QkvError(f"{flag} puts its terms into the one translation of each line: not with --n-best or --sampling")
+    glossary = Glossary.read(args.glossary) if args.glossary else None
+    return Numbers(glossary) if args.numbers else glossary
 
 
 def aligner(args: argparse.Namespace, model, tokenizer):
@@ -63,17 +70,26 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
     return write
 
 
-def term_summary(results) -> str:
-    """``evaluate --glossary``'s line: terms asked for, found, placed, and sentences searched again."""
-    uses = [u for r in results for s in r.sentences for u in s.uses]
-    found = sum(u.found is not None for u in uses)
-    exact = sum(u.found == u.term.forms[0] for u in uses)
-    placed = sum(bool(u.placed) for u in uses)
+def term_summary(results, *, glossary: bool = True, numbers: bool = False) -> str:
+    """``evaluate --glossary``'s line: terms asked for, found, placed, and sentences searched again
+    (with ``numbers``, a line for the numbers too, or instead where there is no ``glossary``)."""
+    from qkv.infer.numbers import NumberTerm
+
+    all_uses = [u for r in results for s in r.sentences for u in s.uses]
     again = sum(s.constrained for r in results for s in r.sentences)
-    share = (lambda n: f"{100 * n / len(uses):.1f}%") if uses else (lambda n: "-")
-    return (f"glossary: {len(uses)} terms asked for; {found} found ({share(found)}), {exact} in the form asked for "
-            f"({share(exact)}), {placed} placed where their source term aligns ({share(placed)}); "
-            f"{again} sentences searched again with constraints")
+    lines = []
+    for name, kind, wanted in (("glossary", "terms", glossary), ("numbers", "numbers", numbers)):
+        if not wanted:
+            continue
+        uses = [u for u in all_uses if isinstance(u.term, NumberTerm) == (name == "numbers")]
+        found = sum(u.found is not None for u in uses)
+        exact = sum(u.found == u.term.forms[0] for u in uses)
+        placed = sum(bool(u.placed) for u in uses)
+        share = (lambda n: f"{100 * n / len(uses):.1f}%") if uses else (lambda n: "-")
+        lines.append(f"{name}: {len(uses)} {kind} asked for; {found} found ({share(found)}), {exact} in the form asked for "
+                     f"({share(exact)}), {placed} placed where their source term aligns ({share(placed)}); "
+                     f"{again} sentences searched again with constraints")
+    return "\n".join(lines)
 
 
 def _pseudo_terms_args(p: argparse.ArgumentParser) -> None:

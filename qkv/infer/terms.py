@@ -8,7 +8,8 @@ Only a sentence that fails the check is searched again, by ``constrained_beam_se
 every term; ``always=True`` searches every sentence with terms that way. A sentence without terms is
 translated exactly as without the glossary. A term-aware model (trained with ``DataConfig.term_share``)
 reads each term's asked-for form written after its source term (``qkv.data.term_annotation``), in both
-searches.
+searches. ``numbers=True`` adds every number the sentence writes in digits as a term whose form is the
+number itself (``qkv.infer.numbers``), checked, searched for and reported as the glossary's terms are.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from qkv.data.sentences import AS_IS, Line, prepare_line
 from qkv.data.term_annotation import annotate
 from qkv.infer.constrained import constrained_beam_search
 from qkv.infer.glossary import Glossary, Term, TermMatch, answers, missing, word_indices
+from qkv.infer.numbers import Numbers, NumberTerm
 from qkv.infer.search import loops
 from qkv.infer.translator import Translator, collate_sources, length_batches, suppressed_tokens
 
@@ -59,7 +61,7 @@ class TermUse:
             "accepted": list(self.term.forms), "found": self.found, "target_words": list(self.target_words),
             "aligned_to": None if self.aligned_to is None else list(self.aligned_to), "placed": self.placed,
             "writable": self.writable,
-        }
+        } | ({"number": True} if isinstance(self.term, NumberTerm) else {})
 
 
 @dataclass
@@ -165,15 +167,21 @@ def sentence_matches(glossary: Glossary, written: str, searched: str) -> list[Te
     return sorted(found, key=lambda m: m.start)
 
 
-def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary], *,
-                            always: bool = False) -> list[GlossaryTranslation]:
+def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary] | None = None, *,
+                            always: bool = False, numbers: bool = False) -> list[GlossaryTranslation]:
     """``texts`` translated by ``translator`` with every term of ``glossary`` its sources hold (module
     docstring); the unconstrained pass is the translator's own (its batches, workers and engine).
-    ``glossary``: one for all texts, or a list of one per text."""
+    ``glossary``: one for all texts, or a list of one per text. ``numbers``: also every number the
+    sources write in digits, as a term asking for itself (``qkv.infer.numbers``: the rules; "number":
+    true in its ``terms()`` record); a glossary's term wins where it overlaps a number."""
     tok, model = translator.tokenizer, translator.model
+    if glossary is None and not numbers:
+        raise ValueError("give a glossary, numbers=True, or both")
     glossaries = glossary if isinstance(glossary, list) else [glossary] * len(texts)
     if len(glossaries) != len(texts):
         raise ValueError(f"{len(texts)} texts but {len(glossaries)} glossaries")
+    if numbers:
+        glossaries = [g if isinstance(g, Numbers) else Numbers(g) for g in glossaries]
     lines = [prepare_line(t, translator.text) if translator.text else Line([t], [], [AS_IS]) for t in texts]
     sentences = [s for line in lines for s in line.sentences]
     owners = [g for line, g in zip(lines, glossaries) for _ in line.sentences]
@@ -185,7 +193,9 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
         written = sentences
     matches = [sentence_matches(g, w, s) for g, w, s in zip(owners, written, sentences)]
     if getattr(model, "term_aware", False):  # a model trained with inline terms reads each term's form after its source term
-        shown = [annotate(s, [(m.start, m.end, m.term.forms[0]) for m in ms]) for s, ms in zip(sentences, matches)]
+        # (not a number's: the source already writes it as asked)
+        shown = [annotate(s, [(m.start, m.end, m.term.forms[0]) for m in ms if not isinstance(m.term, NumberTerm)])
+                 for s, ms in zip(sentences, matches)]
     else:
         shown = sentences
     src_ids = [translator.encode(s) for s in shown]

@@ -1,0 +1,75 @@
+"""Are a translation's numbers carried through? Lines with a number added, and a count of the
+translations that hold every number of their source (``qkv translate --numbers``, docs/glossary.md#numbers).
+
+    python -m benchmarks.numbers make --data-dir /work/shared/data/multi30k > numbers.en
+    qkv translate --checkpoint runs/en-de/final -i numbers.en -o plain.de
+    qkv translate --checkpoint runs/en-de/final -i numbers.en -o numbers.de --numbers
+    python -m benchmarks.numbers count numbers.en plain.de numbers.de
+
+``make`` takes the first 40 lines of Multi30k's val.en and adds a number to each: a leading number
+word becomes digits ("Two dogs" -> "2 dogs"); else the line gets a phrase with a number, one of
+integers, decimals, thousands, times, prices and dates in turn. ``count`` checks each translation with
+the rule ``--numbers`` checks (``qkv.infer.numbers``: the decimal convention swapped is accepted too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+from pathlib import Path
+
+from qkv.infer.numbers import Numbers
+
+WORDS = {"Two": "2", "Three": "3", "Four": "4", "Five": "5", "Six": "6", "Seven": "7", "Eight": "8", "Nine": "9", "Ten": "10"}
+PHRASES = ["at 10:30", "in 1998", "for $25", "on 3/4/2024", "with 1,000 others", "at 7:45 pm", "for 3.50 euros",
+           "in 2015", "on 12/25/2019", "with 15 friends", "at 6:15", "for 5€", "near 42 trees", "with 2.5 liters"]
+
+
+def make(data_dir: Path, n: int) -> list[str]:
+    with gzip.open(data_dir / "val.en.gz", "rt", encoding="utf-8") as handle:
+        lines = [next(handle).strip() for _ in range(n)]
+    out, phrase = [], 0
+    for line in lines:
+        first, _, rest = line.partition(" ")
+        if first in WORDS:
+            out.append(f"{WORDS[first]} {rest}")
+            continue
+        end = "." if line.endswith(".") else ""
+        out.append(f"{line.removesuffix('.')} {PHRASES[phrase % len(PHRASES)]}{end}")
+        phrase += 1
+    return out
+
+
+def carried(source: str, translation: str) -> bool:
+    """Whether every number of ``source`` stands in ``translation`` (each as often as the source has it)."""
+    numbers = Numbers()
+    matches = numbers.matches(source)
+    from qkv.infer.glossary import missing
+
+    return not missing(numbers, matches, translation)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("make", help="print the lines with a number added")
+    m.add_argument("--data-dir", type=Path, required=True)
+    m.add_argument("--lines", type=int, default=40)
+    c = sub.add_parser("count", help="how many translations of each file hold their numbers")
+    c.add_argument("source", type=Path)
+    c.add_argument("translations", type=Path, nargs="+")
+    args = p.parse_args(argv)
+    if args.what == "make":
+        sys.stdout.writelines(line + "\n" for line in make(args.data_dir, args.lines))
+        return 0
+    sources = args.source.read_text(encoding="utf-8").splitlines()
+    for path in args.translations:
+        translations = path.read_text(encoding="utf-8").splitlines()
+        ok = sum(carried(s, t) for s, t in zip(sources, translations, strict=True))
+        print(f"{path}: {ok} of {len(sources)} translations hold every number of their source")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
