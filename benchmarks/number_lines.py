@@ -1,10 +1,10 @@
 """Are a translation's numbers carried through? Lines with a number added, and a count of the
 translations that hold every number of their source (``qkv translate --numbers``, docs/glossary.md#numbers).
 
-    python -m benchmarks.numbers make --data-dir /work/shared/data/multi30k > numbers.en
+    python -m benchmarks.number_lines make --data-dir /work/shared/data/multi30k > numbers.en
     qkv translate --checkpoint runs/en-de/final -i numbers.en -o plain.de
     qkv translate --checkpoint runs/en-de/final -i numbers.en -o numbers.de --numbers
-    python -m benchmarks.numbers count numbers.en plain.de numbers.de
+    python -m benchmarks.number_lines count numbers.en plain.de numbers.de
 
 ``make`` takes the first 40 lines of Multi30k's val.en and adds a number to each: a leading number
 word becomes digits ("Two dogs" -> "2 dogs"); else the line gets a phrase with a number, one of
