@@ -48,8 +48,11 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/qkv demo
 
+# The suite runs in two worker processes (pytest-xdist; TEST_WORKERS=1 runs it in one): most of its
+# time is commands started as subprocesses and small models, which one core alone leaves half idle.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest tests/unit

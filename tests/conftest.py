@@ -16,6 +16,19 @@ from pathlib import Path
 
 import pytest
 
+# `make test` runs two pytest-xdist workers: each, and every command it starts, computes on one thread,
+# so that two workers share two cores instead of four threads spinning against each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config) -> None:
+    import sys
+
+    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:  # imported before this file: too late for the variable
+        sys.modules["torch"].set_num_threads(1)
+
+
 SHARED_MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
 
 

@@ -193,3 +193,40 @@ def test_calibrate_refuses_an_imported_model_without_data_and_resolves_a_symlink
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and (real / "confidence.json").is_file()
     checkpoint.load(link)  # verified, the new file under its manifest
+
+
+
+
+def test_evaluate_judges_each_sentence_as_translate_does(tiny_run, tmp_path, capsys):
+    """evaluate --confidence on lines of two sentences, the first in capitals, judges each line as
+    qkv.translate_with_confidence does (its sentences as the model read and wrote them), not as one
+    sequence: the Spearman it prints is that of those confidences (and with a tiny model's confidences
+    all alike, "nan"). The references are every other line's own translation, so that sentence chrF
+    separates the lines whatever the model's quality."""
+    from qkv.cli.main import main
+    from qkv.data.sentences import TextOptions
+    from qkv.infer.bleu import sentence_chrf
+    from qkv.infer.search import DecodeConfig
+    from qkv.infer.translator import Translator
+    from qkv.inspect.trust import translate_with_confidence
+
+    pairs = [(i, j) for i in range(4) for j in range(4) if i != j]  # 12 lines of two sentences
+    lines = [f"{SOURCES[i].upper()}. {SOURCES[j]}." for i, j in pairs]
+    model_dir = tiny_run / "final"
+    loaded, calibration = checkpoint.load(model_dir), calibration_of(model_dir)
+    translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=1), text=TextOptions(split="en", recase=True))
+    judged = translate_with_confidence(translator, lines, calibration=calibration)
+    hypotheses = [x for x, _ in judged]
+    refs = [x if k % 2 == 0 else "ganz anders ." for k, x in enumerate(hypotheses)]
+    src, ref = tmp_path / "two.en", tmp_path / "two.de"
+    src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    ref.write_text("".join(x + "\n" for x in refs), encoding="utf-8")
+    chrf = sentence_chrf(hypotheses, refs)
+    per_sentence = f"{spearman([t.confidence for _, t in judged], chrf):.3f}"
+    whole = f"{spearman([t.confidence for t in assess(loaded.model, loaded.tokenizer, lines, hypotheses, calibration=calibration)], chrf):.3f}"
+    if per_sentence == whole:  # a ranking as one sequence would print the same: nothing to tell apart on this host
+        pytest.skip(f"both readings give Spearman {whole} on this host's tiny model")
+    assert main(["evaluate", "--checkpoint", str(model_dir), "--src-file", str(src), "--ref-file", str(ref), "--beam", "1",
+                 "--loop-guard", "0", "--confidence"]) == 0
+    printed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("confidence: Spearman"))
+    assert printed.startswith(f"confidence: Spearman {per_sentence} with sentence chrF"), (printed, per_sentence, whole)
