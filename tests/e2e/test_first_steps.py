@@ -65,7 +65,7 @@ def test_make_test_takes_the_wheel_on_this_machine_and_the_test_stack(tmp_path):
         "pip install --quiet torch==2.13.0",  # its dependencies, from the indexes pip is configured with
         "pip install --quiet -e .",
         "pip install --quiet -e .[dev]",
-        "python -m pytest",
+        "python -m pytest -n 2 --dist loadfile",  # two pytest-xdist workers (TEST_WORKERS)
     ]
 
 
