@@ -126,8 +126,8 @@ def align(
 
 def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None) -> torch.Tensor:
     """(B, T, S) source scores of each target position: src (B, S), tgt_in (B, T)."""
-    if method == "attention" and head == 0 and model.config.alignment_layer is not None and \
-            layer % len(model.decoder_layers) == model.config.alignment_layer:  # the alignment head, in its own pass
+    if method == "attention" and head == 0 and model.config.alignment_context == "full" and \
+            layer % len(model.decoder_layers) == model.config.alignment_layer:  # a full-context head: its own pass
         memory, src_mask, _ = model.encode(src)
         return model.alignment_head(tgt_in, memory, src_mask).float()
     if method == "attention":  # the plain pass: no decomposition needed

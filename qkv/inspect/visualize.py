@@ -125,8 +125,18 @@ def attention_of(
         encoder=stack(encoder),
         decoder_self=stack(weights.decoder_self),
         cross=stack(weights.cross),
-        alignment=None if model.config.alignment_layer is None else model.alignment_head(tgt, memory, src_mask)[0].float().cpu(),
+        alignment=_alignment_head(model, tgt, memory, src_mask, weights.cross),
     )
+
+
+def _alignment_head(model: Transformer, tgt, memory, src_mask, cross) -> Tensor | None:
+    """The alignment head's weights (T, S) of a model trained with one: the causal pass's own (``cross``,
+    L x (1, H, T, S)), or a full-context head's pass of its own (``Transformer.alignment_head``)."""
+    index = model.config.alignment_layer
+    if index is None:
+        return None
+    head = model.alignment_head(tgt, memory, src_mask) if model.config.alignment_context == "full" else cross[index][:, 0]
+    return head[0].float().cpu()
 
 
 def group_words(pieces: list[str]) -> list[tuple[str, list[int]]]:
