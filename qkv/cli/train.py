@@ -176,9 +176,10 @@ def _train(args: argparse.Namespace, ctx) -> int:
     print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
     print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
     # The model's own confidence, fitted on its validation data (qkv calibrate; docs/trust.md)
-    from qkv.cli.trust import calibrate_after_training
+    if trainer.train_cfg.calibrate:
+        from qkv.cli.trust import calibrate_after_training
 
-    calibrate_after_training(result.run_dir / "final", trainer.valid_data)
+        calibrate_after_training(result.run_dir / "final", trainer.valid_data)
     return 0
 
 
@@ -189,8 +190,10 @@ def data_caps_notice(data, train) -> str | None:
         return None
     capped = " and ".join(f"the first {n:,} {kind} pairs" for n, kind in ((data.train_limit, "training"), (data.valid_limit, "validation")) if n)
     steps = f" and stops after {train.max_steps:,} steps" if train.max_steps else ""
+    skipped = [what for what, on in (("tune_length_penalty", train.tune_length_penalty), ("calibrate", train.calibrate)) if not on]
+    skipped = f", without {' or '.join(skipped)}" if skipped else ""
     return (f"note: this run reads only {capped} (train_limit={data.train_limit}, valid_limit={data.valid_limit}), "
-            f"with a {data.vocab_size:,}-piece vocabulary{steps}; --data train_limit=0 valid_limit=0 reads all")
+            f"with a {data.vocab_size:,}-piece vocabulary{steps}{skipped}; --data train_limit=0 valid_limit=0 reads all")
 
 
 def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | None = None) -> None:

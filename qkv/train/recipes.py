@@ -109,6 +109,7 @@ class TrainConfig:
     valid_beam: int = 1  # >= 1; beam used for validation BLEU (1 = greedy, fast)
     patience: int = 0  # >= 0; stop after this many validations without a better BLEU; 0: never
     tune_length_penalty: bool = True  # choose final/'s decoding length penalty on the validation set
+    calibrate: bool = True  # qkv train and qkv distill end by fitting final/'s confidence on the validation pairs (qkv calibrate does it later)
     keep_last: int = 5  # step checkpoints kept on disk; at least average_last
     average_last: int = 5  # at least 1; checkpoints averaged into final/ (1: no averaging)
     ema: float = 0.0  # in [0, 1); decay of an exponential moving average of the weights, a candidate for final/; 0: none
@@ -197,9 +198,13 @@ def _student(encoder: int, decoder: int) -> Preset:
 
 # Recipes measured on a 2-core CPU (docs/results.md and docs/recipes.md say what each reached).
 TRAIN_PRESETS: dict[str, Preset] = {
+    # For tests and a first try of the commands: 500 training and 50 validation pairs, a 200-piece
+    # vocabulary, 100 updates, no length-penalty tuning and no calibration (each of which costs more
+    # than the training here); a model that translates nothing useful.
     "tiny": Preset(
         "tiny",
-        TrainConfig(max_tokens=512, lr=3e-3, warmup_steps=20, eval_every=50, max_steps=100, average_last=2, keep_last=2),
+        TrainConfig(max_tokens=512, lr=3e-3, warmup_steps=20, eval_every=50, max_steps=100, average_last=2, keep_last=2,
+                    tune_length_penalty=False, calibrate=False),
         DataConfig(vocab_size=200, train_limit=500, valid_limit=50),
     ),
     # transformer-tiny with pre-LN (stable at a high learning rate, so it learns fast in little time)

@@ -53,6 +53,9 @@ def teacher(dates, tmp_path_factory) -> Path:
     return run
 
 
+CALIBRATED = ("--train", "calibrate=true")  # the tiny preset leaves calibration out
+
+
 def distill_args(dates, teachers: list[Path], out: Path, *extra: str) -> list[str]:
     return [
         "distill", *[a for t in teachers for a in ("--teacher", str(t))], "--out", str(out),
@@ -76,7 +79,7 @@ def distilled(dates, teacher, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("distill") / "d"
     said = io.StringIO()
     with contextlib.redirect_stderr(said):
-        assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out)) == 0
+        assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out, *CALIBRATED)) == 0
     (out.parent / "stderr.txt").write_text(said.getvalue())
     return out
 
@@ -159,14 +162,14 @@ def test_a_distillation_killed_after_training_writes_its_report_again_without_tr
     shutil.copytree(distilled, out)
     (out / "report.json").unlink()  # killed between report.md and report.json
     final = {p: p.stat().st_mtime_ns for p in (out / "student").rglob("*") if p.is_file()}
-    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out)) == 0
+    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], out, *CALIBRATED)) == 0
     assert (out / "report.json").is_file()
     assert {p: p.stat().st_mtime_ns for p in (out / "student").rglob("*") if p.is_file()} == final  # not trained again
 
 
 def test_the_same_command_again_reports_a_complete_distillation_without_work(dates, teacher, distilled, capsys):
     before = {p: p.stat().st_mtime_ns for p in distilled.rglob("*") if p.is_file()}
-    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], distilled)) == 0
+    assert main(distill_args(dates, [teacher / "step-000100", teacher / "final"], distilled, *CALIBRATED)) == 0
     assert "this distillation is complete" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in distilled.rglob("*") if p.is_file()} == before
 
@@ -225,7 +228,7 @@ def test_bad_inputs_are_one_line_before_any_work(dates, teacher, distilled, rand
     refused(distill_args(dates, [teacher / "final"], mine), "holds no qkv distillation")
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     before = (distilled / "qkv-distill.json").read_text()
-    refused(distill_args(dates, [teacher / "step-000100", teacher / "final"], distilled, "--min-score", "-1"), "other settings (filtering)")
+    refused(distill_args(dates, [teacher / "step-000100", teacher / "final"], distilled, *CALIBRATED, "--min-score", "-1"), "other settings (filtering)")
     refused(distill_args(dates, [teacher / "final"], teacher / "final" / "d"), "overlaps the teacher")
     refused(distill_args(dates, [teacher], teacher / "d"), "overlaps the teacher")  # the run named, final/ resolved
     assert (distilled / "qkv-distill.json").read_text() == before

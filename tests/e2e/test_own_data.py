@@ -54,7 +54,7 @@ def test_the_own_data_guide_runs_end_to_end_on_3000_pairs(tmp_path):
     assert not train & dev and not train & test and not dev & test
     out = qkv("train", "--preset", "tiny", "--train-src", "split/train.en", "--train-tgt", "split/train.fr",
               "--valid-src", "split/dev.en", "--valid-tgt", "split/dev.fr", "--src", "en", "--tgt", "fr",
-              "--out", "runs/en-fr", "--max-steps", "30", "--no-progress", cwd=tmp_path)
+              "--out", "runs/en-fr", "--max-steps", "30", "--train", "calibrate=true", "--no-progress", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "training" in out.stderr and "note: this run reads only the first 500 training pairs" in out.stderr
     out = qkv("evaluate", "--checkpoint", "runs/en-fr", "--src-file", "split/test.en", "--ref-file", "split/test.fr", cwd=tmp_path)

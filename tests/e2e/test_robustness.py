@@ -361,7 +361,7 @@ def test_a_full_disk_while_final_is_written_is_one_line_and_resume_writes_it_wit
     run = tmp_path / "run"
     make_room = fill_disk(monkeypatch, lambda path: "/final.tmp/" in path)  # full once last/ holds the final step
     args = ["train", "--preset", "tiny", "--train-src", str(dates_tsv), "--no-progress", "--max-steps", "6",
-            "--train", "eval_every=3", "threads=1", "--out", str(run)]  # fmt: skip
+            "--train", "eval_every=3", "threads=1", "tune_length_penalty=true", "--out", str(run)]  # fmt: skip
     assert main(args) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note: ")]  # tiny's data caps
     assert len(err) == 2 and err[-1].startswith(f"qkv train: error: cannot write checkpoint {run / 'final'} (No space left on device)")

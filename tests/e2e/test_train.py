@@ -158,7 +158,7 @@ def tiny_configs(max_steps: int):
     return build_configs(
         "tiny",
         model={"dropout": 0.1},
-        train={"max_steps": max_steps, "eval_every": 5},
+        train={"max_steps": max_steps, "eval_every": 5, "tune_length_penalty": True},
         data={"data_dir": str(MULTI30K), "valid_limit": 10},
     )
 
@@ -449,7 +449,8 @@ def test_a_preset_that_caps_the_data_says_so_when_the_run_starts(tmp_path, dates
                  "--max-steps", "2", "--no-progress"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
     assert notes == ["note: this run reads only the first 500 training pairs and the first 50 validation pairs "
-                     "(train_limit=500, valid_limit=50), with a 200-piece vocabulary and stops after 2 steps; "
+                     "(train_limit=500, valid_limit=50), with a 200-piece vocabulary and stops after 2 steps, "
+                     "without tune_length_penalty or calibrate; "
                      "--data train_limit=0 valid_limit=0 reads all"]
     _, train, data = build_configs("tiny", model={}, train={}, data={"train_limit": 0, "valid_limit": 0})
     assert data_caps_notice(data, train) is None
