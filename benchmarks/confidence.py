@@ -46,6 +46,14 @@ def measure(scores: dict[str, list[float]], chrf: list[float]) -> dict:
         "n": len(chrf), "acceptable": sum(good)}
 
 
+def flag_counts(trusts, chrf: list[float]) -> dict:
+    """Per flag: the lines it fires on, and how many of them are acceptable."""
+    from qkv.inspect.trust import FLAGS
+
+    return {flag: {"flagged": sum(flag in t.flags for t in trusts),
+                   "acceptable": sum(flag in t.flags and c >= ACCEPTABLE for t, c in zip(trusts, chrf))} for flag in FLAGS}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
@@ -72,13 +80,13 @@ def main() -> None:
         "logprob_mean": [t.features["logprob_mean"] for t in trusts],
         "old confidence": [confidence_of(t.features, OLD) for t in trusts],
         "confidence (out of fold)": [1 / (1 + math.exp(-z)) for z in out_of_fold],
-        "confidence (as fitted, flags capping)": [t.confidence for t in trusts]}, chrf)}
+        "confidence (as fitted, flags capping)": [t.confidence for t in trusts]}, chrf) | {"flags": flag_counts(trusts, chrf)}}
     if args.test:
         trusts, chrf = judged(_read(f"{args.data}/test_2016_flickr.en.gz"), _read(f"{args.data}/test_2016_flickr.de.gz"))
         results["test_2016_flickr"] = measure({
             "logprob_mean": [t.features["logprob_mean"] for t in trusts],
             "old confidence": [confidence_of(t.features, OLD) for t in trusts],
-            "confidence": [t.confidence for t in trusts]}, chrf)
+            "confidence": [t.confidence for t in trusts]}, chrf) | {"flags": flag_counts(trusts, chrf)}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "confidence.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

@@ -106,7 +106,10 @@ def summary(calibration: dict) -> str:
         best, lp = calibration["selection"][-1], calibration["logprob"]
         what = (f"{' + '.join(calibration['features'])}: acceptable (chrF >= {calibration['acceptable']:g}) ranked at ROC AUC "
                 f"{best['roc_auc']:.3f} (logprob_mean alone {lp['roc_auc']:.3f}), cross-validated")
-    return f"{what}; flags at {thresholds}"
+    caps = ""
+    if calibration.get("kind") != "logprob" and "capping" in calibration:
+        caps = f"; {', '.join(calibration['capping']) or 'no flag'} {'caps' if len(calibration['capping']) == 1 else 'cap'} the confidence"
+    return f"{what}; flags at {thresholds}{caps}"
 
 
 @command("calibrate", "fit the confidence and the flags of --confidence on validation pairs, into the checkpoint", _calibrate_args)

@@ -22,6 +22,12 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   cut that flags at most ``MAX_FALSE_ALARMS`` of the references and acceptable translations and more of
   its kind. References shorter than four words make no such pairs: the flags are then
   ``LOGPROB_ONLY``'s, which read the text alone.
+- the caps: each flag of ``CAPPED`` in turn caps the confidence at ``FLAG_CAP`` (``capping``) only where,
+  with the caps kept before it, capping the validation translations it flags lowers neither the
+  out-of-fold ROC AUC of the acceptable ones nor the Spearman correlation with chrF (``choose_capping``:
+  a flag that fires on correct names and cognates, as ``copy`` can, keeps its flag but moves no
+  confidence; a ``severe`` loop or copy is capped whatever the choice). The reliability diagram and the
+  cut table are of the confidence as it is then given.
 - ``length``: the expected translation length from the source's, a least-squares line through the
   validation pairs' log word counts (the ``shortness`` feature).
 """
@@ -35,7 +41,7 @@ import sys
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, spearman
+from qkv.inspect.trust import CAPPED, FLAG_CAP, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, flags_of, severe, spearman
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
@@ -216,6 +222,26 @@ def cut_table(confidence: list[float], good: list[bool], cuts: tuple[float, ...]
              "flagged": sum(c < t for c in confidence) / max(1, len(confidence))} for t in cuts]
 
 
+def choose_capping(confidence: list[float], flags: list[list[str]], chrf: list[float], good: list[bool]) -> tuple[list[str], list[dict]]:
+    """The flags of ``CAPPED`` that cap (module docstring), from each translation's out-of-fold
+    ``confidence``, its ``flags`` and sentence ``chrf``; and per flag what capping did: the lines it
+    flags and the ROC AUC and Spearman with and without its cap."""
+    def measure(values: list[float]) -> tuple[float, float]:
+        return (roc_auc([v for v, g in zip(values, good) if g], [v for v, g in zip(values, good) if not g]),
+                spearman(values, chrf))
+
+    kept, steps, current = [], [], list(confidence)
+    for flag in CAPPED:
+        capped = [min(c, FLAG_CAP) if flag in f else c for c, f in zip(current, flags)]
+        (auc, rho), (auc_capped, rho_capped) = measure(current), measure(capped)
+        caps = not (auc_capped < auc or rho_capped < rho)  # nan (one kind only) compares False: kept
+        steps.append({"flag": flag, "flagged": sum(flag in f for f in flags), "caps": caps, "roc_auc": [auc, auc_capped],
+                      "spearman": [rho, rho_capped]})
+        if caps:
+            kept, current = [*kept, flag], capped
+    return kept, steps
+
+
 def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust] = (), kinds: list[str] = (),
         length: list[float] | None = None, acceptable: float = ACCEPTABLE) -> dict:
     """A calibration (``qkv.inspect.trust``'s format) from the model's own translations (``own``) with
@@ -227,20 +253,6 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
     n_good = sum(good)
     out: dict = {"version": 2, "acceptable": acceptable, "length": length or [0.0, 1.0],
                  "fitted_on": name, "own_translations": len(own), "acceptable_share": n_good / max(1, len(own))}
-    if min(n_good, len(own) - n_good) < MIN_CLASS:
-        out.update(kind="logprob", features=[], mean=[], std=[], weights=[], bias=0.0,
-                   why=f"{n_good} of {len(own)} translations acceptable: too few of one kind to fit (log-probability only)")
-    else:
-        features, steps = select_features(own, own_chrf, good)
-        x = _matrix(own, features)
-        mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
-        w, b = logistic((x - mean) / std, torch.tensor(good, dtype=torch.float64))
-        lp = [t.features["logprob_mean"] for t in own]
-        held = [1 / (1 + math.exp(-max(-50.0, min(50.0, z)))) for z in cross_validated(own, good, features)]
-        out.update(kind="fitted", features=features, mean=mean.tolist(), std=std.tolist(), weights=w.tolist(), bias=b,
-                   selection=steps, logprob={"roc_auc": roc_auc([v for v, g in zip(lp, good) if g], [v for v, g in zip(lp, good) if not g]),
-                                             "spearman": spearman(lp, own_chrf)},
-                   reliability=reliability(held, good), cuts=cut_table(held, good))
     out["thresholds"] = dict(LOGPROB_ONLY["thresholds"])
     if made:
         if set(kinds) != set(KINDS):
@@ -252,6 +264,27 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
             # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
             out["thresholds"][flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
     assert set(out["thresholds"]) == set(FLAGS)
+    if min(n_good, len(own) - n_good) < MIN_CLASS:
+        out.update(kind="logprob", features=[], mean=[], std=[], weights=[], bias=0.0,
+                   why=f"{n_good} of {len(own)} translations acceptable: too few of one kind to fit (log-probability only)")
+        return out
+    features, steps = select_features(own, own_chrf, good)
+    x = _matrix(own, features)
+    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+    w, b = logistic((x - mean) / std, torch.tensor(good, dtype=torch.float64))
+    lp = [t.features["logprob_mean"] for t in own]
+    held = [min(FLAG_CAP, 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))) if severe(t.features) else 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
+            for t, z in zip(own, cross_validated(own, good, features))]  # out of fold, a severe loop or copy capped
+    flags = [flags_of(t.features, out["thresholds"]) for t in own]
+    capping, capping_steps = choose_capping(held, flags, own_chrf, good)
+    given = [min(c, FLAG_CAP) if any(f in capping for f in fl) else c for c, fl in zip(held, flags)]
+    out.update(kind="fitted", features=features, mean=mean.tolist(), std=std.tolist(), weights=w.tolist(), bias=b,
+               selection=steps, capping=capping, capping_selection=capping_steps,
+               logprob={"roc_auc": roc_auc([v for v, g in zip(lp, good) if g], [v for v, g in zip(lp, good) if not g]),
+                        "spearman": spearman(lp, own_chrf)},
+               given={"roc_auc": roc_auc([v for v, g in zip(given, good) if g], [v for v, g in zip(given, good) if not g]),
+                      "spearman": spearman(given, own_chrf)},
+               reliability=reliability(given, good), cuts=cut_table(given, good))
     return out
 
 

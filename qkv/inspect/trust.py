@@ -25,9 +25,12 @@ on its translations of validation data (``qkv.inspect.calibrate``, ``qkv calibra
 another feature only where it ranked the validation translations better under cross-validation. A
 checkpoint without a calibration of its own gets ``LOGPROB_ONLY``: the confidence is the geometric mean
 of the tokens' probabilities, exp(``logprob_mean``), and only the flags that read the text alone
-(repetition, copy). The flags are thresholds on single features; ``repetition``, ``copy`` and
-``detached`` also cap the confidence at ``FLAG_CAP`` (a rare pathology overrides the ranking; the
-confidence stays non-decreasing in ``logprob_mean`` with everything else fixed).
+(repetition, copy). The flags are thresholds on single features; of ``repetition``, ``copy`` and
+``detached`` (``CAPPED``), those the calibration's ``capping`` names also cap the confidence at
+``FLAG_CAP`` (a rare pathology overrides the ranking, where that ranked the validation translations no
+worse), and so does, whatever the calibration, a loop or a copy as ``LOGPROB_ONLY`` flags them (``severe``:
+four repeats in a row, chrF 0.9 against the source); the confidence stays non-decreasing in
+``logprob_mean`` with everything else fixed.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ USED = 0.5  # a source word is used by a target token that gives it half the uni
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
 LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
 
-FLAG_CAP = 0.05  # a translation flagged repetition, copy or detached has at most this confidence
-CAPPED = ("detached", "repetition", "copy")
+FLAG_CAP = 0.05  # a translation with a capping flag has at most this confidence
+CAPPED = ("detached", "repetition", "copy")  # the flags that may cap (a calibration's "capping"; all of them without one)
 
 # A checkpoint without a calibration of its own: the confidence is exp(logprob_mean), the geometric mean of
 # the tokens' probabilities (never another model's fit), and only the flags that read the text alone:
@@ -188,6 +191,7 @@ def check_calibration(data: object, name: str) -> None:
               and all(x > 0 for x in data["std"]) and finite(data.get("bias"))
               and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) == set(FLAGS)
               and all(v is None or finite(v) for v in data["thresholds"].values())
+              and (data.get("capping") is None or isinstance(data["capping"], list) and set(data["capping"]) <= set(CAPPED))
               and (data.get("length") is None or isinstance(data["length"], list) and len(data["length"]) == 2
                    and all(map(finite, data["length"]))))
     if ok and "logprob_mean" in data["features"]:  # the base: the confidence never falls as it rises
@@ -196,9 +200,17 @@ def check_calibration(data: object, name: str) -> None:
         raise QkvError(f"{name}: not a calibration of these features ({', '.join(FEATURES)}): run qkv calibrate again")
 
 
+def severe(features: dict[str, float]) -> bool:
+    """A loop or a copy that caps the confidence under any calibration: the text-only flags of
+    ``LOGPROB_ONLY`` (a run of one to four words four times back to back, chrF 0.9 against the source)."""
+    text_only = LOGPROB_ONLY["thresholds"]
+    return features["repeats"] >= text_only["repetition"] or features["copy"] >= text_only["copy"]
+
+
 def confidence_of(features: dict[str, float], calibration: dict, flags: list[str] = ()) -> float:
     """The confidence: exp(logprob_mean) for a log-probability-only calibration, else the logistic
-    regression's; at most ``FLAG_CAP`` when one of ``flags`` is in ``CAPPED``."""
+    regression's; at most ``FLAG_CAP`` when one of ``flags`` caps (the calibration's ``capping``, else
+    ``CAPPED``) or the translation is a ``severe`` loop or copy."""
     if calibration.get("kind", "fitted") == "logprob":
         value = math.exp(min(0.0, features["logprob_mean"]))
     else:
@@ -206,7 +218,8 @@ def confidence_of(features: dict[str, float], calibration: dict, flags: list[str
             w * (features[k] - m) / s
             for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
         value = 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
-    return min(value, FLAG_CAP) if any(f in CAPPED for f in flags) else value
+    capping = calibration.get("capping", CAPPED)
+    return min(value, FLAG_CAP) if any(f in capping for f in flags) or severe(features) else value
 
 
 def expected_length(source_words: int, length: list[float] | None) -> float:

@@ -16,7 +16,7 @@ import pytest
 import qkv
 from qkv.data.sentences import TextOptions
 from qkv.errors import QkvError
-from qkv.inspect.calibrate import MIN_CLASS, fit, fit_length
+from qkv.inspect.calibrate import MIN_CLASS, choose_capping, fit, fit_length
 from qkv.inspect.trust import (
     CONFIDENCE, FEATURES, FLAG_CAP, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
     check_calibration, confidence_of, flags_of, max_repeats, why_flagged,
@@ -72,6 +72,40 @@ def test_a_feature_joins_only_where_it_ranks_the_translations_better():
     assert steps[0]["features"] == ["logprob_mean"] and steps[-1]["roc_auc"] > steps[0]["roc_auc"]
     assert calibration["cuts"][0]["below"] == 0.2 and 0 <= calibration["cuts"][-1]["acceptable_kept"] <= 1
     assert len(calibration["features"]) <= 3
+
+
+def test_a_flag_caps_the_confidence_only_where_capping_ranks_the_validation_translations_no_worse():
+    """A flag on bad lines keeps its cap; one that fires on good lines (copy on names) loses it, and then
+    moves no confidence though it still flags."""
+    rng = random.Random(3)
+    confidence = [rng.random() for _ in range(200)]
+    chrf = [100 * c + rng.gauss(0, 5) for c in confidence]
+    good = [c >= 50 for c in chrf]
+    # detached on the ten worst lines, copy on the ten best, repetition on none
+    order = sorted(range(200), key=chrf.__getitem__)
+    flags = [[] for _ in range(200)]
+    for i in order[:10]:
+        flags[i].append("detached")
+    for i in order[-10:]:
+        flags[i].append("copy")
+    kept, steps = choose_capping(confidence, flags, chrf, good)
+    assert kept == ["detached", "repetition"]  # repetition flags nothing here: no evidence against its cap
+    by_flag = {s["flag"]: s for s in steps}
+    assert by_flag["copy"]["flagged"] == 10 and not by_flag["copy"]["caps"]
+    assert by_flag["copy"]["spearman"][1] < by_flag["copy"]["spearman"][0]
+    calibration = fit(*_own(300), name="normal") | {"capping": kept}
+    check_calibration(calibration, "confidence.json")
+    features = {f: 0.0 for f in FEATURES} | {"logprob_mean": -0.3}
+    assert confidence_of(features, calibration, ["copy"]) == confidence_of(features, calibration, []) > FLAG_CAP
+    assert confidence_of(features, calibration, ["detached"]) == FLAG_CAP
+    none = calibration | {"capping": []}
+    assert confidence_of(features, none, ["repetition"]) > FLAG_CAP  # the fitted flag at 2 repeats moves nothing ...
+    assert confidence_of(features | {"repeats": 4.0}, none, ["repetition"]) == FLAG_CAP  # ... a loop of four caps
+    assert confidence_of(features | {"copy": 0.95}, none, ["copy"]) == FLAG_CAP  # and so does a near-total copy
+    older = {k: v for k, v in calibration.items() if k != "capping"}  # a calibration from before the choice
+    assert confidence_of(features, older, ["copy"]) == FLAG_CAP  # caps with all three
+    with pytest.raises(QkvError, match="not a calibration"):
+        check_calibration(calibration | {"capping": ["omission"]}, "confidence.json")
 
 
 def test_too_few_translations_of_one_kind_give_a_log_probability_confidence():
