@@ -1,7 +1,8 @@
 """How well the confidence ranks a model's real translations, beside the mean token log-probability and
 the confidence qkv had before (one fit of nine features on made-up pairs, docs/trust.md's old default).
 
-    python -m benchmarks.confidence --checkpoint CKPT --out benchmarks/results/confidence [--test]
+    python -m benchmarks.confidence --checkpoint CKPT --out benchmarks/results/confidence [--test] \
+        [--natural benchmarks/gold/trust-natural]
 
 CKPT must hold its own confidence.json (``qkv calibrate`` or the end of ``qkv train``). On Multi30k val
 (and its joined pairs, as ``qkv calibrate`` makes them) the new confidence is scored out of fold (the
@@ -54,12 +55,39 @@ def flag_counts(trusts, chrf: list[float]) -> dict:
                    "acceptable": sum(flag in t.flags and c >= ACCEPTABLE for t, c in zip(trusts, chrf))} for flag in FLAGS}
 
 
+def natural(loaded, calibration: dict, directory: Path, data: Path) -> dict:
+    """The labelled natural pairs (made from val lines 151 on; translated by the model their README names,
+    scored here by this checkpoint): hallucinations (repetition, strongly or fully detached) and omissions
+    against the rest, by logprob_mean and by the confidence; and what the flags catch."""
+    from benchmarks.trust_inputs import make
+    from qkv.inspect.calibrate import precision_at_recall
+
+    inputs = [text for _, _, text in make(data)]
+    translations = (directory / "translations.txt").read_text(encoding="utf-8").splitlines()
+    labels = [line.split("\t")[1].strip() for line in (directory / "labels.tsv").read_text(encoding="utf-8").splitlines() if line]
+    trusts = assess(loaded.model, loaded.tokenizer, inputs, translations, calibration=calibration)
+    hallucination = {"repetition", "strongly-detached", "fully-detached"}
+    out = {"lines": len(labels), "hallucinations": sum(lab in hallucination for lab in labels), "omissions": labels.count("omission")}
+    for name, suspect in (("logprob_mean", [-t.features["logprob_mean"] for t in trusts]), ("confidence", [-t.confidence for t in trusts])):
+        for kind, positive in (("hallucination", hallucination), ("omission", {"omission"})):
+            pos = [s for s, lab in zip(suspect, labels) if lab in positive]
+            neg = [s for s, lab in zip(suspect, labels) if lab not in positive]
+            out[f"{name} {kind}"] = {"roc_auc": round(roc_auc(pos, neg), 4), "precision_at_90_recall": round(precision_at_recall(pos, neg), 4)}
+    out["flags"] = {"hallucinations_flagged": round(sum(bool(t.flags) for t, lab in zip(trusts, labels) if lab in hallucination)
+                                                    / max(1, out["hallucinations"]), 4),
+                    "correct_flagged": sum(bool(t.flags) for t, lab in zip(trusts, labels) if lab == "correct"),
+                    "correct": labels.count("correct")}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--out", required=True)
     p.add_argument("--test", action="store_true", help="also score test_2016_flickr (the final report only)")
+    p.add_argument("--natural", help="also score the hand-labelled natural pairs in this directory (translations.txt, "
+                                      "labels.tsv: benchmarks/gold/trust-natural)")
     args = p.parse_args()
     loaded = checkpoint.load(args.checkpoint)
     calibration = calibration_of(loaded.path)
@@ -67,7 +95,7 @@ def main() -> None:
         raise SystemExit(f"{loaded.path} has no fitted confidence of its own")
     translator = Translator(loaded.model, loaded.tokenizer, replace(DecodeConfig(**loaded.model.decode_defaults), loop_guard=2))
 
-    def judged(sources: list[str], references: list[str]):
+    def judged(sources: list[str], references: list[str]):  # each line whole, as qkv calibrate judges it
         translations = translator.translate(sources)
         trusts = assess(loaded.model, loaded.tokenizer, sources, translations, calibration=calibration)
         return trusts, sentence_chrf(translations, references)
@@ -87,6 +115,8 @@ def main() -> None:
             "logprob_mean": [t.features["logprob_mean"] for t in trusts],
             "old confidence": [confidence_of(t.features, OLD) for t in trusts],
             "confidence": [t.confidence for t in trusts]}, chrf) | {"flags": flag_counts(trusts, chrf)}
+    if args.natural:
+        results["natural"] = natural(loaded, calibration, Path(args.natural), Path(args.data))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "confidence.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

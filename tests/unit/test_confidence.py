@@ -108,6 +108,31 @@ def test_a_flag_caps_the_confidence_only_where_capping_ranks_the_validation_tran
         check_calibration(calibration | {"capping": ["omission"]}, "confidence.json")
 
 
+def test_calibration_judges_a_line_whole_or_by_its_sentences_as_asked(random_checkpoint, tmp_path, monkeypatch):
+    """qkv calibrate judges each validation line whole, as qkv score --confidence reads a line (the
+    module docstring says why); calibrate(text=...) cuts a line into sentences and recases them as
+    qkv translate does and judges it by its sentences as the model read and wrote them."""
+    import qkv.inspect.trust as trust
+    from qkv.data.sentences import TextOptions
+    from qkv.inspect.calibrate import calibrate, calibrate_checkpoint
+
+    seen = []
+    real = trust.assess_lines
+    monkeypatch.setattr(trust, "assess_lines", lambda model, tok, sources, translations, **kw: seen.append(sources) or real(
+        model, tok, sources, translations, **kw))
+    target = shutil.copytree(random_checkpoint, tmp_path / "model")
+    sources = ["A dog runs. A CAT SLEEPS.", "Two children play with a red ball."]
+    calibration = calibrate_checkpoint(target, sources, ["Ein Hund rennt. Eine Katze schläft.", "Zwei Kinder spielen."],
+                                       name="two lines", log=lambda text: None)
+    assert seen[0][:2] == [["A dog runs. A CAT SLEEPS."], ["Two children play with a red ball."]]
+    assert calibration["text"] is None and json.loads((target / "confidence.json").read_text())["text"] is None
+    loaded = checkpoint.load(target)
+    cut = calibrate(loaded.model, loaded.tokenizer, sources, ["Ein Hund rennt. Eine Katze schläft.", "Zwei Kinder spielen."],
+                    name="two lines", text=TextOptions(split="en", recase=True), log=lambda text: None)
+    assert seen[1][:2] == [["A dog runs.", "A cat sleeps."], ["Two children play with a red ball."]]
+    assert cut["text"] == {"split": "en", "recase": True}
+
+
 def test_too_few_translations_of_one_kind_give_a_log_probability_confidence():
     """The dates model translates all its validation dates right: nothing to fit, no borrowed fit."""
     own, _ = _own(50)
