@@ -68,7 +68,8 @@ def natural(loaded, calibration: dict, directory: Path, data: Path) -> dict:
     trusts = assess(loaded.model, loaded.tokenizer, inputs, translations, calibration=calibration)
     hallucination = {"repetition", "strongly-detached", "fully-detached"}
     out = {"lines": len(labels), "hallucinations": sum(lab in hallucination for lab in labels), "omissions": labels.count("omission")}
-    for name, suspect in (("logprob_mean", [-t.features["logprob_mean"] for t in trusts]), ("confidence", [-t.confidence for t in trusts])):
+    for name, suspect in (("logprob_mean", [-t.features["logprob_mean"] for t in trusts]), ("confidence", [-t.confidence for t in trusts]),
+                          ("shortness", [t.features["shortness"] for t in trusts])):  # the expected length's shortfall
         for kind, positive in (("hallucination", hallucination), ("omission", {"omission"})):
             pos = [s for s, lab in zip(suspect, labels) if lab in positive]
             neg = [s for s, lab in zip(suspect, labels) if lab not in positive]
