@@ -11,7 +11,7 @@ the engine's batch budget and thread layout chosen on every 4th sentence in this
 - ``qkv+ct2:float32`` (``qkv translate --engine ctranslate2``).
 
 The shortlists are built for this run from the Multi30k training pairs with ``qkv shortlist``'s
-defaults. The speed ratios are against CTranslate2 fp32 at beam 5 on the first checkpoint (the teacher).
+defaults (``--shortlist K FREQUENT``: another size). The speed ratios are against CTranslate2 fp32 at beam 5 on the first checkpoint (the teacher).
 
     python -m benchmarks.front --checkpoint runs/en-de/final --checkpoint runs/student/student/final \\
         --data-dir ../shared/data/multi30k --out benchmarks/results/front
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for results.json, results.md and front.png")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shortlist", nargs=2, type=int, metavar=("K", "FREQUENT"),
+                        help="the shortlist's size (qkv shortlist --k K --frequent FREQUENT; default: its defaults)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engine:compute cells")
     parser.add_argument("--teacher-engines", help="the first checkpoint's cells, when not --engines (the ratios need "
                                                   "its ctranslate2:float32)")
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, path in enumerate(args.checkpoint):
         engines = (args.teacher_engines if n == 0 and args.teacher_engines else args.engines).split(",")
         result = translation.run(checkpoint_dir=path, data_dir=args.data_dir, smoke=args.smoke, threads=args.threads, log=log,
-                                 repeats=args.repeats, engines=engines, tables=("own",))
+                                 repeats=args.repeats, engines=engines, tables=("own",), shortlist_size=args.shortlist)
         result["parameters"] = checkpoint.load(path).model.num_parameters()
         results.append(result)
     rows = front_rows(results)

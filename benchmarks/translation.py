@@ -57,7 +57,7 @@ from qkv.interop.convert import to_huggingface
 from qkv.data.corpus import load_multi30k
 from qkv.infer.search import DecodeConfig, max_output_length
 from qkv.infer.bleu import score
-from qkv.infer.shortlist import build as build_shortlist, load as load_shortlist, save as save_shortlist
+from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K, build as build_shortlist, load as load_shortlist, save as save_shortlist
 from qkv.interop.ctranslate2 import ct2_translate_ids, ctranslate2_spec, write_vmap
 from qkv.model.bf16 import bf16_native
 from qkv.model import incremental
@@ -255,10 +255,11 @@ class _Engines:
 
 def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, repeats: int = 0,
         engines: list[str] | None = None, sentences: int = 0, tables: tuple[str, ...] = ("same", "own"),
-        beams: tuple[int, ...] = (1, 5)) -> dict:
+        beams: tuple[int, ...] = (1, 5), shortlist_size: tuple[int, int] | None = None) -> dict:
     """``engines``: "engine:compute" names to run (default: all of ENGINES); ``sentences``: the first
     that many of test_2016_flickr (default: all); ``tables``: "same" (batches) and/or "own" (settings);
-    ``beams``: the beam sizes."""
+    ``beams``: the beam sizes; ``shortlist_size``: (k, frequent) of the "+shortlist" and "+vmap" cells'
+    shortlist (default: ``qkv shortlist``'s)."""
     repeats = repeats or (2 if smoke else 5)
     loaded = checkpoint.load(checkpoint_dir)
     model, tok = loaded.model, loaded.tokenizer
@@ -272,7 +273,7 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
         hf = to_huggingface(model, bos_id=tok.bos_id, eos_id=tok.eos_id)
     except RuntimeError as error:  # transformers is not installed
         hf, missing["huggingface"] = None, str(error)
-    lists = _shortlist(model, tok, data, data_dir)
+    lists = _shortlist(model, tok, data, data_dir, *(shortlist_size or ()))
     table_file = Path(tempfile.mkdtemp(prefix="qkv-bench-shortlist-")) / "shortlist.safetensors"
     save_shortlist(lists, table_file)
     try:
@@ -344,11 +345,13 @@ def run(*, checkpoint_dir: str, data_dir: str, smoke: bool, threads: int, log, r
             "model": {k: getattr(model.config, k) for k in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "norm_first")}}
 
 
-def _shortlist(model, tok, data: dict, data_dir: str):
-    """The shortlist of the "+shortlist" and "+vmap" cells: ``qkv shortlist``'s defaults on the Multi30k training pairs."""
+def _shortlist(model, tok, data: dict, data_dir: str, k: int = DEFAULT_K, frequent: int = DEFAULT_FREQUENT):
+    """The shortlist of the "+shortlist" and "+vmap" cells: ``k`` and ``frequent`` (``qkv shortlist``'s
+    defaults) on the Multi30k training pairs."""
     train = load_multi30k("train", data.get("src_lang", "en"), data.get("tgt_lang", "de"), data_dir)
     pairs = ((tok.encode(s), tok.encode_target(t)) for s, t in zip(train.src, train.tgt))
-    return build_shortlist(pairs, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size, always=(tok.eos_id,))
+    return build_shortlist(pairs, src_vocab=model.config.src_vocab_size, tgt_vocab=model.config.tgt_vocab_size, always=(tok.eos_id,),
+                           k=k, frequent=frequent)
 
 
 def _cell(checkpoint_dir: str, data_dir: str, n: int, beam: int, table: str, engine: str, compute: str, batch_size: int,
