@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 
 from qkv.infer.bleu import sentence_chrf
 from qkv.infer.search import DecodeConfig
 from qkv.infer.translator import Translator
-from qkv.inspect.calibrate import ACCEPTABLE, cross_validated, provoking_pairs, roc_auc
-from qkv.inspect.trust import assess, calibration_of, confidence_of, spearman
+from qkv.inspect.calibrate import ACCEPTABLE, cross_validated, provoking_pairs, ranks_acceptable, roc_auc
+from qkv.inspect.trust import assess, calibration_of, confidence_of, sigmoid, spearman
 from qkv.io import checkpoint
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -42,7 +41,7 @@ def _read(name: str) -> list[str]:
 
 def measure(scores: dict[str, list[float]], chrf: list[float]) -> dict:
     good = [c >= ACCEPTABLE for c in chrf]
-    return {name: {"roc_auc": round(roc_auc([s for s, g in zip(v, good) if g], [s for s, g in zip(v, good) if not g]), 4),
+    return {name: {"roc_auc": round(ranks_acceptable(v, good), 4),
                    "spearman": round(spearman(v, chrf), 4)} for name, v in scores.items()} | {
         "n": len(chrf), "acceptable": sum(good)}
 
@@ -108,7 +107,7 @@ def main() -> None:
     results = {"checkpoint": str(loaded.path), "features": calibration["features"], "val": measure({
         "logprob_mean": [t.features["logprob_mean"] for t in trusts],
         "old confidence": [confidence_of(t.features, OLD) for t in trusts],
-        "confidence (out of fold)": [1 / (1 + math.exp(-z)) for z in out_of_fold],
+        "confidence (out of fold)": [sigmoid(z) for z in out_of_fold],
         "confidence (as fitted, flags capping)": [t.confidence for t in trusts]}, chrf) | {"flags": flag_counts(trusts, chrf)}}
     if args.test:
         trusts, chrf = judged(_read(f"{args.data}/test_2016_flickr.en.gz"), _read(f"{args.data}/test_2016_flickr.de.gz"))

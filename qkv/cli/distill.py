@@ -161,10 +161,9 @@ def distill(args: argparse.Namespace) -> int:
         except StopRequested as stop:
             print(f"interrupted ({stop}): continue with the same qkv distill command", file=sys.stderr)
             return stop.exit_status
-        if trainer.train_cfg.calibrate:
-            from qkv.cli.trust import calibrate_after_training
+        from qkv.cli.trust import calibrate_after_training
 
-            calibrate_after_training(run / "final", trainer.valid_data)  # the student's own confidence, as qkv train's
+        calibrate_after_training(trainer)  # the student's own confidence, as qkv train's
         lib._write_atomically(out / lib.TRAINED, json.dumps({"step": result.step, "stopped_because": result.stopped_because}) + "\n")
         del trainer
 

@@ -176,10 +176,9 @@ def _train(args: argparse.Namespace, ctx) -> int:
     print(f"final checkpoint (the best average of the newest step checkpoints on validation): {result.run_dir / 'final'}")
     print(f"validation: BLEU {final['bleu']:.2f}, BLEU (lc) {final['bleu_lc']:.2f}, chrF {final['chrf']:.2f}")
     # The model's own confidence, fitted on its validation data (qkv calibrate; docs/trust.md)
-    if trainer.train_cfg.calibrate:
-        from qkv.cli.trust import calibrate_after_training
+    from qkv.cli.trust import calibrate_after_training
 
-        calibrate_after_training(result.run_dir / "final", trainer.valid_data)
+    calibrate_after_training(trainer)
     return 0
 
 

@@ -139,14 +139,17 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def calibrate_after_training(final, valid) -> None:
-    """``qkv train``'s last step: the final checkpoint calibrated on the run's validation pairs
-    (``valid``, a ``ParallelCorpus``). Any failure leaves the checkpoint as it was, uncalibrated, and
-    says so in one line: the run's work and its exit status are kept."""
+def calibrate_after_training(trainer) -> None:
+    """``qkv train``'s and ``qkv distill``'s last step: the run's ``final/`` calibrated on its validation
+    pairs, unless its ``TrainConfig.calibrate`` is off. Any failure leaves the checkpoint as it was,
+    uncalibrated, and says so in one line: the run's work and its exit status are kept."""
     from qkv.cli.common import LOOP_GUARD
     from qkv.inspect.calibrate import calibrate_checkpoint
     from qkv.inspect.trust import CONFIDENCE
 
+    if not trainer.train_cfg.calibrate:
+        return
+    final, valid = trainer.run_dir / "final", trainer.valid_data
     try:
         calibration = calibrate_checkpoint(final, valid.src, valid.tgt, name=f"the run's validation pairs ({valid.name})",
                                            loop_guard=LOOP_GUARD)

@@ -46,7 +46,7 @@ import sys
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import CAPPED, FLAG_CAP, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, flags_of, severe, spearman
+from qkv.inspect.trust import CAPPED, FLAG_CAP, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, capped, flags_of, sigmoid, spearman
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
@@ -106,6 +106,11 @@ def roc_auc(positive: list[float], negative: list[float]) -> float:
         i = j
     n_pos, n_neg = len(positive), len(negative)
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def ranks_acceptable(scores: list[float], good: list[bool]) -> float:
+    """ROC AUC of ``scores`` (higher: more trustworthy) for the acceptable translations against the rest."""
+    return roc_auc([s for s, g in zip(scores, good) if g], [s for s, g in zip(scores, good) if not g])
 
 
 def precision_at_recall(positive: list[float], negative: list[float], recall: float = 0.9) -> float:
@@ -192,8 +197,7 @@ def select_features(trusts: list[Trust], chrf: list[float], acceptable: list[boo
     """Forward selection (module docstring): the features, and each step's cross-validated numbers."""
     def measure(features: list[str]) -> dict:
         z = cross_validated(trusts, acceptable, features)
-        good, bad = [s for s, a in zip(z, acceptable) if a], [s for s, a in zip(z, acceptable) if not a]
-        return {"features": list(features), "roc_auc": roc_auc(good, bad), "spearman": spearman(z, chrf)}
+        return {"features": list(features), "roc_auc": ranks_acceptable(z, acceptable), "spearman": spearman(z, chrf)}
 
     chosen = ["logprob_mean"]
     steps = [measure(chosen)]
@@ -232,18 +236,17 @@ def choose_capping(confidence: list[float], flags: list[list[str]], chrf: list[f
     ``confidence``, its ``flags`` and sentence ``chrf``; and per flag what capping did: the lines it
     flags and the ROC AUC and Spearman with and without its cap."""
     def measure(values: list[float]) -> tuple[float, float]:
-        return (roc_auc([v for v, g in zip(values, good) if g], [v for v, g in zip(values, good) if not g]),
-                spearman(values, chrf))
+        return ranks_acceptable(values, good), spearman(values, chrf)
 
     kept, steps, current = [], [], list(confidence)
     for flag in CAPPED:
-        capped = [min(c, FLAG_CAP) if flag in f else c for c, f in zip(current, flags)]
-        (auc, rho), (auc_capped, rho_capped) = measure(current), measure(capped)
+        with_cap = [min(c, FLAG_CAP) if flag in f else c for c, f in zip(current, flags)]
+        (auc, rho), (auc_capped, rho_capped) = measure(current), measure(with_cap)
         caps = not (auc_capped < auc or rho_capped < rho)  # nan (one kind only) compares False: kept
         steps.append({"flag": flag, "flagged": sum(flag in f for f in flags), "caps": caps, "roc_auc": [auc, auc_capped],
                       "spearman": [rho, rho_capped]})
         if caps:
-            kept, current = [*kept, flag], capped
+            kept, current = [*kept, flag], with_cap
     return kept, steps
 
 
@@ -278,17 +281,15 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
     mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
     w, b = logistic((x - mean) / std, torch.tensor(good, dtype=torch.float64))
     lp = [t.features["logprob_mean"] for t in own]
-    held = [min(FLAG_CAP, 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))) if severe(t.features) else 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
-            for t, z in zip(own, cross_validated(own, good, features))]  # out of fold, a severe loop or copy capped
+    # out of fold, a severe loop or copy capped; then with the caps chosen (confidence_of's rule)
+    held = [capped(sigmoid(z), t.features, [], ()) for t, z in zip(own, cross_validated(own, good, features))]
     flags = [flags_of(t.features, out["thresholds"]) for t in own]
     capping, capping_steps = choose_capping(held, flags, own_chrf, good)
-    given = [min(c, FLAG_CAP) if any(f in capping for f in fl) else c for c, fl in zip(held, flags)]
+    given = [capped(c, t.features, fl, capping) for c, t, fl in zip(held, own, flags)]
     out.update(kind="fitted", features=features, mean=mean.tolist(), std=std.tolist(), weights=w.tolist(), bias=b,
                selection=steps, capping=capping, capping_selection=capping_steps,
-               logprob={"roc_auc": roc_auc([v for v, g in zip(lp, good) if g], [v for v, g in zip(lp, good) if not g]),
-                        "spearman": spearman(lp, own_chrf)},
-               given={"roc_auc": roc_auc([v for v, g in zip(given, good) if g], [v for v, g in zip(given, good) if not g]),
-                      "spearman": spearman(given, own_chrf)},
+               logprob={"roc_auc": ranks_acceptable(lp, good), "spearman": spearman(lp, own_chrf)},
+               given={"roc_auc": ranks_acceptable(given, good), "spearman": spearman(given, own_chrf)},
                reliability=reliability(given, good), cuts=cut_table(given, good))
     return out
 

@@ -207,6 +207,16 @@ def severe(features: dict[str, float]) -> bool:
     return features["repeats"] >= text_only["repetition"] or features["copy"] >= text_only["copy"]
 
 
+def sigmoid(z: float) -> float:
+    """The logistic function, its argument clipped to [-50, 50]."""
+    return 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def capped(value: float, features: dict[str, float], flags: list[str], capping) -> float:
+    """``value`` at most ``FLAG_CAP`` when one of ``flags`` is in ``capping`` or the translation is ``severe``."""
+    return min(value, FLAG_CAP) if severe(features) or any(f in capping for f in flags) else value
+
+
 def confidence_of(features: dict[str, float], calibration: dict, flags: list[str] = ()) -> float:
     """The confidence: exp(logprob_mean) for a log-probability-only calibration, else the logistic
     regression's; at most ``FLAG_CAP`` when one of ``flags`` caps (the calibration's ``capping``, else
@@ -217,9 +227,8 @@ def confidence_of(features: dict[str, float], calibration: dict, flags: list[str
         z = calibration["bias"] + sum(
             w * (features[k] - m) / s
             for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
-        value = 1 / (1 + math.exp(-max(-50.0, min(50.0, z))))
-    capping = calibration.get("capping", CAPPED)
-    return min(value, FLAG_CAP) if any(f in capping for f in flags) or severe(features) else value
+        value = sigmoid(z)
+    return capped(value, features, flags, calibration.get("capping", CAPPED))
 
 
 def expected_length(source_words: int, length: list[float] | None) -> float:
