@@ -187,15 +187,16 @@ def evaluate(args: argparse.Namespace) -> int:
     shortlist = decoding_shortlist(args, model)
     with translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens, workers=args.workers,
                        shortlist=shortlist, text=text_options(args)) as translator:
-        read = None  # each line's sentences as the model read and translated them (split, recased), for --confidence
+        # each line's sentences as the model read them (split, recased) and its outputs for them, for --confidence
         if glossary is None:
             lines = translator.translate_lines(corpus.src)
-            hypotheses, read = [line.text for line in lines], lines
+            hypotheses, read = [line.text for line in lines], ([line.sentences for line in lines], [line.outputs for line in lines])
         else:
             from qkv.infer.terms import translate_with_glossary
 
             results = translate_with_glossary(translator, corpus.src, glossary, always=args.glossary_always)
             hypotheses = [r.text for r in results]
+            read = ([[s.source for s in r.sentences] for r in results], [[s.translation for s in r.sentences] for r in results])
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=inputs, reads=reads) as handle:
@@ -208,26 +209,22 @@ def evaluate(args: argparse.Namespace) -> int:
         aligner(args, model, tokenizer)(results)
         print(term_summary(results, glossary=bool(args.glossary), numbers=args.numbers))
     if args.confidence:
-        print_trust(args, model, tokenizer, corpus.src, corpus.tgt, hypotheses, read)
+        print_trust(args, model, tokenizer, corpus.tgt, hypotheses, read)
     return 0
 
 
-def print_trust(args: argparse.Namespace, model, tokenizer, sources: list[str], references: list[str], hypotheses: list[str],
-                read=None) -> None:
+def print_trust(args: argparse.Namespace, model, tokenizer, references: list[str], hypotheses: list[str],
+                read: tuple[list[list[str]], list[list[str]]]) -> None:
     """``evaluate --confidence``: Spearman correlations of the confidence and of the mean token log-probability
     with sentence chrF, and the flagged lines (1-based), at most 20 of them shown. ``read``: each line's
-    ``TranslatedLine`` (its sentences as the model read and wrote them), judged sentence by sentence as
-    ``qkv translate --confidence`` judges them; None (a glossary's translations): each line whole."""
+    sentences as the model read them and its outputs for them, judged sentence by sentence as ``qkv
+    translate --confidence`` judges them."""
     from qkv.cli.trust import trust_model
     from qkv.infer.bleu import sentence_chrf
-    from qkv.inspect.trust import assess, assess_lines, spearman
+    from qkv.inspect.trust import assess_lines, spearman
 
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
-    if read is None:
-        trusts = assess(model, tokenizer, sources, hypotheses, calibration=calibration)
-    else:
-        trusts = assess_lines(model, tokenizer, [line.sentences for line in read], [line.outputs for line in read],
-                              calibration=calibration)
+    trusts = assess_lines(model, tokenizer, *read, calibration=calibration)
     chrf = sentence_chrf(hypotheses, references)
     rho = spearman([t.confidence for t in trusts], chrf)
     rho_lp = spearman([t.features["logprob_mean"] for t in trusts], chrf)

@@ -65,7 +65,10 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
         if place is not None:
             place(results)
             return [json.dumps(r.as_dict() | {"translation": t}, ensure_ascii=False) for r, t in zip(results, texts)]
-        return annotate([[line] for line in lines], [[t] for t in texts], texts) if annotate is not None else texts
+        if annotate is None:
+            return texts
+        # judged as without a glossary: each sentence as the model read it, against its output before recasing
+        return annotate([[s.source for s in r.sentences] for r in results], [[s.translation for s in r.sentences] for r in results], texts)
 
     return write
 

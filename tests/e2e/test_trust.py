@@ -230,3 +230,22 @@ def test_evaluate_judges_each_sentence_as_translate_does(tiny_run, tmp_path, cap
                  "--loop-guard", "0", "--confidence"]) == 0
     printed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("confidence: Spearman"))
     assert printed.startswith(f"confidence: Spearman {per_sentence} with sentence chrF"), (printed, per_sentence, whole)
+
+
+def test_translate_with_a_glossary_judges_each_sentence_as_without_one(tiny_run, tmp_path, capsys):
+    """translate --glossary --confidence judges what the model translated (each sentence as it read and
+    wrote it), as translate --confidence does without a glossary: with a glossary whose term no line
+    holds, the translations and their confidences are the plain command's, line for line."""
+    from qkv.cli.main import main
+
+    lines = [f"{SOURCES[i].upper()}. {SOURCES[j]}." for i, j in ((0, 1), (2, 3), (1, 2))]
+    src, terms = tmp_path / "two.en", tmp_path / "terms.tsv"
+    src.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    terms.write_text("zeppelin\tZeppelin\n", encoding="utf-8")
+    common = ["translate", "--checkpoint", str(tiny_run / "final"), "-i", str(src), "--beam", "1", "--confidence", "json"]
+    assert main(common) == 0
+    plain = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main([*common, "--glossary", str(terms)]) == 0
+    with_glossary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["translation"], x["confidence"], x["flags"]) for x in with_glossary] == \
+        [(x["translation"], x["confidence"], x["flags"]) for x in plain]
