@@ -58,12 +58,10 @@ def natural(loaded, calibration: dict, directory: Path, data: Path) -> dict:
     """The labelled natural pairs (made from val lines 151 on; translated by the model their README names,
     scored here by this checkpoint): hallucinations (repetition, strongly or fully detached) and omissions
     against the rest, by logprob_mean and by the confidence; and what the flags catch."""
-    from benchmarks.trust_inputs import make
+    from benchmarks.trust import read_natural
     from qkv.inspect.calibrate import precision_at_recall
 
-    inputs = [text for _, _, text in make(data)]
-    translations = (directory / "translations.txt").read_text(encoding="utf-8").splitlines()
-    labels = [line.split("\t")[1].strip() for line in (directory / "labels.tsv").read_text(encoding="utf-8").splitlines() if line]
+    inputs, translations, labels = read_natural(directory, data)
     trusts = assess(loaded.model, loaded.tokenizer, inputs, translations, calibration=calibration)
     hallucination = {"repetition", "strongly-detached", "fully-detached"}
     out = {"lines": len(labels), "hallucinations": sum(lab in hallucination for lab in labels), "omissions": labels.count("omission")}

@@ -103,13 +103,19 @@ def synthetic(result: dict, model, tok, src: list[str], ref: list[str], calibrat
 
 
 
-def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, calibration: dict) -> None:
+def read_natural(directory: Path, data_dir: Path) -> tuple[list[str], list[str], list[str]]:
+    """The labelled natural pairs: inputs (rebuilt from Multi30k val), translations and labels, one each."""
     from benchmarks.trust_inputs import make
 
     inputs = [text for _, _, text in make(data_dir)]
     translations = (directory / "translations.txt").read_text(encoding="utf-8").splitlines()
     labels = [line.split("\t")[1].strip() for line in (directory / "labels.tsv").read_text(encoding="utf-8").splitlines() if line]
     assert len(inputs) == len(translations) == len(labels), (len(inputs), len(translations), len(labels))
+    return inputs, translations, labels
+
+
+def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, calibration: dict) -> None:
+    inputs, translations, labels = read_natural(directory, data_dir)
     scored = [detectors(t) for t in assess(model, tok, inputs, translations, calibration=calibration)]
     result["natural"] = {"lines": len(inputs), "labels": {lab: labels.count(lab) for lab in sorted(set(labels))}, "detectors": {}}
     for name, positive in (("any hallucination", {"repetition", "strongly-detached", "fully-detached"}),
