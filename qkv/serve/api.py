@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, Stri
 
 from qkv.errors import QkvError
 from qkv.infer.glossary import MAX_TERM_CHARS, Glossary
+from qkv.infer.numbers import Numbers
 from qkv.serve.work import Settings
 
 MAX_BEAM = 16  # what one client may ask of a shared server; `qkv translate --beam` goes to qkv.cli.common.MAX_BEAM (64)
@@ -69,6 +70,7 @@ class TermOut(BaseModel):
     target_words: list[int] = Field(description="0-based indices of the translation's words it covers")
     aligned_to: list[int] | None = Field(description="the source words those words align to (value norms, middle decoder layer)")
     placed: bool | None = Field(description="whether they include the term's own source words")
+    number: bool = Field(False, description="whether the term is a number of the text (the request's numbers)")
     constrained: bool = Field(description="whether the constrained search made this translation (its first search missed a term)")
     unplaceable: bool = Field(description="whether the constrained search found no output with every term within its "
                               "length limit (the first translation is kept, its missing terms null)")
@@ -192,6 +194,12 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
             "docs/glossary.md); the answer's terms say where each went. Each text is one sentence, as with n_best; "
             "not with n_best or sampling",
         )
+        numbers: StrictBool = Field(
+            False, description="every number a text writes in digits must stand in its translation, checked and "
+            "searched for as a glossary term (docs/glossary.md#numbers, as `qkv translate --numbers`); the answer's "
+            "terms say where each went. With a glossary, its terms win where a term and a number overlap. Each text "
+            "is one sentence, as with a glossary; not with n_best or sampling",
+        )
         sampling: StrictBool = Field(
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"
         )
@@ -249,13 +257,16 @@ def settings_of(body: BaseModel) -> Settings:
         options = {}
     beam_size = 1 if body.sampling else body.beam_size
     glossary = None
-    if body.glossary is not None:
+    if body.glossary is not None or body.numbers:
+        field = "glossary" if body.glossary is not None else "numbers"
         if body.sampling or body.n_best is not None:
-            raise InvalidOptions("glossary", "a glossary puts its terms into the one translation of each text: not with n_best or sampling")
+            raise InvalidOptions(field, f"{'a glossary' if field == 'glossary' else 'numbers'} puts its terms into the one "
+                                        "translation of each text: not with n_best or sampling")
         try:
-            glossary = Glossary.from_pairs(body.glossary)
+            glossary = Glossary.from_pairs(body.glossary) if body.glossary is not None else None
         except QkvError as error:
             raise InvalidOptions("glossary", str(error)) from None
+        glossary = Numbers(glossary) if body.numbers else glossary
     if body.n_best is not None and body.n_best > beam_size:
         if body.sampling:
             raise InvalidOptions("n_best", f"n_best ({body.n_best}) must be 1: sampling draws one translation per text")

@@ -323,7 +323,7 @@ def create_app(
             return _unprocessable(field, "not_on_this_engine",
                                   f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
-        whole = body.n_best is not None or body.max_length is not None or body.glossary is not None
+        whole = body.n_best is not None or body.max_length is not None or body.glossary is not None or body.numbers
         try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's
             if (body.split or not body.keep_case) and not whole:
                 options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)

@@ -98,3 +98,26 @@ def test_evaluate_prints_the_numbers_found(digits_checkpoint, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "numbers: 4 numbers asked for; 4 found (100.0%)" in result.stdout, result.stdout
     assert "glossary:" not in result.stdout
+
+
+def test_the_server_carries_numbers_as_qkv_translate_numbers_does(digits_checkpoint, tmp_path):
+    """``"numbers": true`` answers the translations and terms of ``qkv translate --numbers``; refused with n_best."""
+    from qkv.cli.common import LOOP_GUARD
+    from qkv.serve.app import create_app
+    from tests.e2e.test_server_signals import exchange
+
+    report = qkv("translate", "--checkpoint", digits_checkpoint, "--beam", "2", "--numbers", "--glossary-report",
+                 cwd=tmp_path, stdin="".join(s + "\n" for s in SOURCES))
+    assert report.returncode == 0, report.stderr
+    expected = [json.loads(line) for line in report.stdout.splitlines()]
+    app = create_app(digits_checkpoint, loop_guard=LOOP_GUARD, request_timeout=600)  # qkv serve's loop guard; a slow host
+    (served, plain, refused), stats = exchange(app, [
+        {"texts": SOURCES, "beam_size": 2, "numbers": True}, {"texts": SOURCES, "beam_size": 2},
+        {"texts": SOURCES, "beam_size": 2, "numbers": True, "n_best": 1}], timeout=600)
+    assert served.status_code == 200 and stats["failed"] == 0, served.text[:300]
+    answer = served.json()
+    assert answer["translations"] == [e["translation"] for e in expected]
+    assert answer["terms"] == [e["terms"] for e in expected]
+    assert [t["source"] for t in answer["terms"][2]] == ["2", "5", "3/4/2024"] and all(t["number"] for t in answer["terms"][2])
+    assert "3/4/2024" in answer["translations"][2] and "3/4/2024" not in plain.json()["translations"][2]
+    assert refused.status_code == 422 and "numbers" in refused.text

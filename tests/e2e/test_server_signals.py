@@ -26,13 +26,13 @@ from qkv.serve.app import create_app
 TEXTS = ["TWO CHILDREN PLAY IN A PARK.", "A dog runs. A cat sleeps. Two men talk.", "Plan B\u00a0.", "", "A man rides a bike."]
 
 
-def exchange(app, bodies: list[dict]) -> tuple[list[httpx.Response], dict]:
+def exchange(app, bodies: list[dict], timeout: float = 60) -> tuple[list[httpx.Response], dict]:
     """POST each body to ``app``, one after the other; also its /v1/stats after."""
 
     async def scenario():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=timeout) as client:
                 responses = [await client.post("/v1/translate", json=b) for b in bodies]
                 return responses, (await client.get("/v1/stats")).json()
 
