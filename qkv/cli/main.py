@@ -28,8 +28,16 @@ ORDER = ("doctor", "split", "prepare", "train", "distill", "translate", "evaluat
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors (a missing option, a bad value, an unknown one) are one line
+    naming the command, as qkv's own errors, with status 2 (``--help`` shows the usage)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qkv", description=__doc__.splitlines()[0])
+    parser = Parser(prog="qkv", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in sorted(COMMANDS, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
@@ -40,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would name qkv's usage: name the command's, whose options these are not
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        (commands.get(args.command) or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.debug:  # warnings as one plain line, without the source line that raised them
         warnings.formatwarning = lambda message, category, *rest: f"warning: {message}\n"
     if args.command is None:

@@ -191,8 +191,9 @@ def data_caps_notice(data, train) -> str | None:
     steps = f" and stops after {train.max_steps:,} steps" if train.max_steps else ""
     skipped = [what for what, on in (("tune_length_penalty", train.tune_length_penalty), ("calibrate", train.calibrate)) if not on]
     skipped = f", without {' or '.join(skipped)}" if skipped else ""
-    return (f"note: this run reads only {capped} (train_limit={data.train_limit}, valid_limit={data.valid_limit}), "
-            f"with a {data.vocab_size:,}-piece vocabulary{steps}{skipped}; --data train_limit=0 valid_limit=0 reads all")
+    vocabulary = "" if data.corpus == "prepared" else f", with a {data.vocab_size:,}-piece vocabulary"  # prepared: its own
+    return (f"note: this run reads only {capped} (train_limit={data.train_limit}, valid_limit={data.valid_limit})"
+            f"{vocabulary}{steps}{skipped}; --data train_limit=0 valid_limit=0 reads all")
 
 
 def _check_resume_agrees(run: str, model, data, *, given: dict[str, set[str]] | None = None) -> None:
@@ -267,7 +268,7 @@ def prepare_command(args: argparse.Namespace) -> int:
 def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, metavar="FILE", help="source side of your corpus (plain, .gz, .xz or .bz2), or a TSV with both sides")
     p.add_argument("--tgt", metavar="FILE", help="target side, aligned line by line with --src")
-    p.add_argument("--out", required=True, help="a new (or empty) directory for train, dev and test files, named by the input's language suffix")
+    p.add_argument("--out", required=True, help="a new (or empty) directory for train, dev and test files, named by the input's language suffix (train.en), else .src and .tgt (a TSV)")
     p.add_argument("--dev", type=float, metavar="N", help="validation pairs: a share below 1 (0.05) or a count (default 5%%, at most 1,000)")
     p.add_argument("--test", type=float, metavar="N", help="test pairs: a share below 1 or a count (default 5%%, at most 1,000)")
     p.add_argument("--seed", type=int, default=1, help="the draw of the held-out pairs (default 1)")

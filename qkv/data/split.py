@@ -83,7 +83,7 @@ def split_corpus(src: str | Path, tgt: str | Path | None, out: str | Path, *, de
         train_ids.append(i)
     if not train_ids:
         raise DataError("no training pair is left once dev and test are held out")
-    a, b = language_suffix(src, "src"), language_suffix(tgt, "tgt") if tgt else "tgt"
+    a, b = (language_suffix(src, "src"), language_suffix(tgt, "tgt")) if tgt else ("src", "tgt")  # one TSV: no language in its name
     if a == b:
         a, b = "src", "tgt"
     out.mkdir(parents=True, exist_ok=True)

@@ -35,4 +35,5 @@ def describe(device: torch.device) -> str:
     """``cuda:0 (NVIDIA H100 80GB HBM3)`` or ``cpu (2 threads)``, for the line a command prints."""
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f"cpu ({n} thread{'s' if n != 1 else ''})"

@@ -134,8 +134,11 @@ class TrainConfig:
                     f"train key time_budget must be a number of seconds or a duration such as 90s, 45m or 1.5h, got {self.time_budget!r}"
                 ) from None
         check_types(self, "train")
-        if self.max_tokens <= 0 or self.lr <= 0 or self.warmup_steps < 0 or self.eval_every <= 0:
-            raise ConfigError("max_tokens, lr and eval_every must be positive and warmup_steps >= 0")
+        for name in ("max_tokens", "lr", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train key {name} must be positive, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"train key warmup_steps must be >= 0, got {self.warmup_steps}")
         for name in ("label_smoothing", "beta1", "beta2", "ema"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")

@@ -46,6 +46,16 @@ def test_more_workers_than_cpus_is_a_one_line_error(command):
     assert "--workers" not in at_the_bound.stderr and "missing" in at_the_bound.stderr
 
 
+def test_argparse_errors_are_one_line_naming_the_command():
+    """An unknown option, a bad value and a missing one: one line naming the command, status 2 (not qkv's usage)."""
+    for args, says in ((["translate", "--checkpoint", "missing", "--threads", "1"], "qkv translate: error: unrecognized arguments: --threads 1"),
+                       (["evaluate", "--checkpoint", "missing", "--beam", "abc"], "qkv evaluate: error: argument --beam: invalid int value: 'abc'"),
+                       (["train", "--no-such-flag"], "qkv train: error: unrecognized arguments: --no-such-flag"),
+                       (["translate"], "qkv translate: error: the following arguments are required: --checkpoint")):
+        run = qkv(*args)
+        assert run.returncode == 2 and run.stdout == "" and run.stderr.splitlines() == [says], run.stderr
+
+
 def test_the_help_states_the_bounds_and_the_server_beam_is_within_the_cli_one():
     parser = build_parser()
     translate = next(a for a in parser._subparsers._group_actions[0].choices["translate"]._actions if a.dest == "beam")

@@ -38,6 +38,10 @@ def test_split_holds_out_dev_and_test_sharing_no_sentence_with_training_and_neve
     assert counts.train + counts.dev + counts.test + counts.overlapping == 200 and counts.train == 165  # 7 of 40 held out
     with pytest.raises(DataError, match="not an empty directory"):  # what is there stays
         split_corpus(tmp_path / "c.de", tmp_path / "c.en", tmp_path / "out")
+    (tmp_path / "c.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in corpus))  # one TSV: .src and .tgt, not .tsv
+    tsv = split_corpus(tmp_path / "c.tsv", None, tmp_path / "tsv", dev=3, test=3, seed=2)
+    assert sorted(p.name for p in tsv.files.values()) == sorted(f"{n}.{side}" for n in ("train", "dev", "test") for side in ("src", "tgt"))
+    assert all("\t" not in line for line in _lines(tmp_path / "tsv" / "train.src"))
 
 
 def test_the_own_data_guide_runs_end_to_end_on_3000_pairs(tmp_path):

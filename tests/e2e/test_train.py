@@ -456,3 +456,5 @@ def test_a_preset_that_caps_the_data_says_so_when_the_run_starts(tmp_path, dates
     assert data_caps_notice(data, train) is None
     _, train, data = build_configs("multi30k", model={}, train={}, data={})
     assert data_caps_notice(data, train) is None
+    _, train, data = build_configs("tiny", model={}, train={}, data={"corpus": "prepared", "data_dir": str(tmp_path)})
+    assert "vocabulary" not in data_caps_notice(data, train)  # a prepared corpus brings its own tokenizer

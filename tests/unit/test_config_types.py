@@ -128,6 +128,8 @@ def test_right_values_are_kept_and_an_integer_for_a_float_field_becomes_a_float(
         (TrainConfig, {"weight_decay": -0.1}, "weight_decay must be >= 0"),
         (TrainConfig, {"clip_norm": -1.0}, "clip_norm must be >= 0"),
         (TrainConfig, {"max_steps": -5}, "max_steps must be >= 0"),
+        (TrainConfig, {"warmup_steps": -5}, "train key warmup_steps must be >= 0, got -5"),
+        (TrainConfig, {"lr": 0.0}, "train key lr must be positive, got 0.0"),
         (TrainConfig, {"time_budget": "-5m"}, "time_budget must be >= 0"),
         (TrainConfig, {"valid_beam": 0}, "valid_beam must be >= 1"),
         (TrainConfig, {"max_epochs": 0}, "max_epochs must be >= 1"),
