@@ -93,7 +93,8 @@ def decompose(
     if memory is None:  # self-attention: the residual x_i belongs to key i
         if mixed.size(1) != mixed.size(2):
             raise QkvError("self-attention with a cache has no decomposition: run the whole sequence")
-        parts = mixed + torch.diag_embed(x.transpose(1, 2)).permute(0, 2, 3, 1)  # (B, m, m, D): x_i on the diagonal
+        parts = mixed.clone()  # (B, m, m, D)
+        parts.diagonal(dim1=1, dim2=2).add_(x.to(parts.dtype).transpose(1, 2))  # x_i on the diagonal: (B, D, m) view
     else:
         parts = torch.cat([mixed, x[:, :, None, :]], dim=2)  # (B, m, n + 1, D): the residual last
     bias = b_o.expand_as(x)
@@ -111,8 +112,11 @@ def decompose(
 def alti_shares(parts: Tensor) -> Tensor:
     """(B, m, K, D) -> (B, m, K): ALTI's share of each part in the output it sums to (bias left out,
     as in the method's code): max(0, ||y||_1 - ||y - part||_1), normalised over the K parts."""
-    y = parts.sum(dim=2, keepdim=True)  # (B, m, 1, D)
-    score = (y.abs().sum(-1) - (y - parts).abs().sum(-1)).clamp(min=0)  # (B, m, K)
+    B, m, K, D = parts.shape
+    y = parts.sum(dim=2).reshape(B * m, 1, D)
+    distance = torch.cdist(y, parts.reshape(B * m, K, D), p=1)  # (B*m, 1, K): ||y - part||_1, one pass, no copies
+    norm = torch.cdist(y, y.new_zeros(1, 1, D).expand(B * m, 1, D), p=1)  # (B*m, 1, 1): ||y||_1, summed alike
+    score = (norm - distance).clamp(min=0).view(B, m, K)  # a zero part (padding) scores exactly 0
     return score / score.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(score.dtype).tiny)
 
 

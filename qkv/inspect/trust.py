@@ -69,6 +69,9 @@ LOGPROB_ONLY: dict = {
     "thresholds": {"detached": None, "partly-detached": None, "repetition": 4.0, "copy": 0.9, "omission": None},
     "fitted_on": "nothing: no confidence.json of its own (the confidence is exp(logprob_mean); run qkv calibrate)",
 }
+LOGPROB_NOTICE = ("note: {path}'s calibration (confidence.json) is log-probability only (its validation translations "
+                  "could not fit a confidence): the confidence is the mean token probability exp(logprob_mean); the flags are "
+                  "the ones it fitted")
 UNCALIBRATED_NOTICE = ("note: {path} has no calibration of its own (confidence.json): the confidence is the mean token "
                        "probability exp(logprob_mean) and only the repetition and copy flags fire; qkv calibrate fits one")
 
@@ -124,9 +127,14 @@ def char_repeats(text: str, max_n: int = 3) -> int:
 
 def copy_score(source: str, translation: str) -> float:
     """chrF (sacreBLEU's, in [0, 1]) of the translation against the source itself."""
-    if not source.strip() or not translation.strip():
-        return 0.0
-    return sentence_chrf([translation], [source])[0] / 100
+    return copy_scores([source], [translation])[0]
+
+
+def copy_scores(sources: list[str], translations: list[str]) -> list[float]:
+    """``copy_score`` of each pair, one chrF metric for all: 0 where either side is blank."""
+    blank = [not s.strip() or not t.strip() for s, t in zip(sources, translations)]
+    scores = iter(sentence_chrf([t for t, b in zip(translations, blank) if not b], [s for s, b in zip(sources, blank) if not b]))
+    return [0.0 if b else next(scores) / 100 for b in blank]
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -268,14 +276,19 @@ def why_flagged(flags: list[str], features: dict[str, float], thresholds: dict[s
 
 
 def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], share: torch.Tensor,
-              source_rows: torch.Tensor, attention: torch.Tensor, source: str, translation: str, calibration: dict) -> Trust:
+              source_rows: torch.Tensor, attention: torch.Tensor, source: str, translation: str, copy: float,
+              calibration: dict) -> Trust:
     """One pair. share (T,): each target token's source share; source_rows (T, S): its source part;
-    attention (T, S): the last layer's cross-attention, heads averaged."""
+    attention (T, S): the last layer's cross-attention, heads averaged; copy: ``copy_score``."""
     lp = torch.tensor(log_probs, dtype=torch.float64)
     window = share.unfold(0, 3, 1).mean(-1) if share.numel() >= 3 else share  # three tokens at a time
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
     normalised = source_rows / source_rows.sum(-1, keepdim=True).clamp(min=1e-12)  # (T, S): over the source
-    used = [float(normalised[:, cols].sum(-1).max()) * len(src_words) >= USED for cols in src_words]
+    word_of = torch.full((normalised.size(1),), len(src_words), dtype=torch.long)  # (S,): each piece's word; EOS's last
+    for j, cols in enumerate(src_words):
+        word_of[cols] = j
+    per_word = normalised.new_zeros(normalised.size(0), len(src_words) + 1).index_add_(1, word_of, normalised)  # (T, W + 1)
+    used = (per_word[:, :-1].amax(0) * len(src_words) >= USED).tolist() if src_words else []
     unused = [j for j, u in enumerate(used) if not u]
     src_n, tgt_words = len(source.split()), translation.split()
     features = {
@@ -283,7 +296,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "logprob_std": float(lp.std(unbiased=False)),
         "source_mean": float(share.mean()), "source_min": float(window.min()),
         "unused": len(unused) / max(1, len(src_words)),
-        "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy_score(source, translation),
+        "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy,
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
         # Not in the confidence: the raw-attention baseline of docs/trust.md, the mean entropy of the last
@@ -336,7 +349,9 @@ def assess(
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
         found = contributions(model, src, tgt_in)
-        log_probs = model.generator(found.hidden).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
+        logits = model.generator(found.hidden).float()  # (B, T, V)
+        log_probs = logits.gather(-1, tgt_out[..., None])[..., 0] - logits.logsumexp(-1)  # (B, T): log-softmax at the target
+        copies = copy_scores([sources[i] for i in batch], [translations[i] for i in batch])
         log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
         source_part = found.alti[-1][..., :S].double()  # (B, T, S)
@@ -347,7 +362,7 @@ def assess(
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
                 log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, attention[b, :n_tgt, :n_src], sources[i],
-                translations[i], calibration)
+                translations[i], copies[b], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
             results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]
