@@ -112,7 +112,11 @@ def score_command(args: argparse.Namespace) -> int:
 
         if args.tokens:
             raise QkvError("--tokens goes with the scores, not with --confidence (its JSON has per-word marks)")
-        trusts = assess(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, calibration=calibration_of(loaded.path))
+        from qkv.cli.trust import say_uncalibrated
+
+        calibration = calibration_of(loaded.path)
+        say_uncalibrated(loaded.path, calibration)  # as qkv translate --confidence says it
+        trusts = assess(loaded.model, loaded.tokenizer, pairs.src, pairs.tgt, calibration=calibration)
         with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
             sink.writelines(json.dumps(t.to_json(), ensure_ascii=False) + "\n" for t in trusts)
         flagged = sum(bool(t.flags) for t in trusts)

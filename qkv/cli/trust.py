@@ -26,16 +26,25 @@ def trust_model(args: argparse.Namespace, model, tokenizer, *, notice: bool = Tr
 
     from qkv.io import checkpoint
     from qkv.model.transformer import Transformer
-    from qkv.inspect.trust import UNCALIBRATED_NOTICE, calibration_of, is_calibrated
+    from qkv.inspect.trust import calibration_of
 
     paths = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
     if not isinstance(model, Transformer) or getattr(args, "int8", False) or model.src_embed.weight.dtype != torch.float32:
         model = checkpoint.load(paths[0], device=model.device).model
     directory = checkpoint.resolve(paths[0])
     calibration = calibration_of(directory)
-    if notice and not is_calibrated(calibration):
-        print(UNCALIBRATED_NOTICE.format(path=directory), file=sys.stderr)
+    if notice:
+        say_uncalibrated(directory, calibration)
     return model, tokenizer, calibration
+
+
+def say_uncalibrated(directory, calibration: dict) -> None:
+    """One line on stderr where the confidence is the log-probability only: the checkpoint has no
+    calibration of its own, or its own had too little to fit one."""
+    from qkv.inspect.trust import LOGPROB_NOTICE, LOGPROB_ONLY, UNCALIBRATED_NOTICE, is_calibrated
+
+    if not is_calibrated(calibration):
+        print((UNCALIBRATED_NOTICE if calibration is LOGPROB_ONLY else LOGPROB_NOTICE).format(path=directory), file=sys.stderr)
 
 
 def annotator(args: argparse.Namespace, model, tokenizer):

@@ -158,6 +158,8 @@ def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, m
     loaded = checkpoint.load(model_dir)
     expected = assess(loaded.model, loaded.tokenizer, SOURCES, ref.read_text(encoding="utf-8").splitlines(), calibration=calibration)
     assert [json.loads(line)["confidence"] for line in result.stdout.splitlines()] == [round(t.confidence, 4) for t in expected]
+    assert "calibration (confidence.json) is log-probability only" in result.stderr  # its own file, said as such
+    assert "no calibration of its own" not in result.stderr
     result = qkv("evaluate", "--checkpoint", model_dir, "--src-file", src, "--ref-file", ref, "--beam", "1", "--confidence", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "confidence: Spearman" in result.stdout and f"of {len(SOURCES)} lines flagged" in result.stdout
