@@ -67,9 +67,12 @@ def natural(loaded, calibration: dict, directory: Path, data: Path) -> dict:
     out = {"lines": len(labels), "hallucinations": sum(lab in hallucination for lab in labels), "omissions": labels.count("omission")}
     for name, suspect in (("logprob_mean", [-t.features["logprob_mean"] for t in trusts]), ("confidence", [-t.confidence for t in trusts]),
                           ("shortness", [t.features["shortness"] for t in trusts])):  # the expected length's shortfall
-        for kind, positive in (("hallucination", hallucination), ("omission", {"omission"})):
+        # The third: omissions against the lines that are not hallucinations. One score cannot rank
+        # hallucinations below the omissions (the first) and the omissions below the hallucinations too.
+        for kind, positive, excluded in (("hallucination", hallucination, set()), ("omission", {"omission"}, set()),
+                                         ("omission among non-hallucinations", {"omission"}, hallucination)):
             pos = [s for s, lab in zip(suspect, labels) if lab in positive]
-            neg = [s for s, lab in zip(suspect, labels) if lab not in positive]
+            neg = [s for s, lab in zip(suspect, labels) if lab not in positive and lab not in excluded]
             out[f"{name} {kind}"] = {"roc_auc": round(roc_auc(pos, neg), 4), "precision_at_90_recall": round(precision_at_recall(pos, neg), 4)}
     out["flags"] = {"hallucinations_flagged": round(sum(bool(t.flags) for t, lab in zip(trusts, labels) if lab in hallucination)
                                                     / max(1, out["hallucinations"]), 4),
