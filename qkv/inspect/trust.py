@@ -303,11 +303,11 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         # layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": float(-(attention * attention.clamp(min=1e-12).log()).sum(-1).mean() / math.log(max(2, attention.size(1)))),
     }
-    words = []
+    words, shares = [], share.tolist()
     for word, rows in group_words(tgt_pieces):
         if word == "</s>":
             continue
-        prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(float(share[r]) for r in rows)
+        prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(shares[r] for r in rows)
         words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
                       "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
     flags = flags_of(features, calibration["thresholds"])
@@ -349,8 +349,10 @@ def assess(
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
         found = contributions(model, src, tgt_in)
-        logits = model.generator(found.hidden).float()  # (B, T, V)
-        log_probs = logits.gather(-1, tgt_out[..., None])[..., 0] - logits.logsumexp(-1)  # (B, T): log-softmax at the target
+        real = tgt_out != tokenizer.pad_id  # (B, T): the output projection only where a token is scored
+        logits = model.generator(found.hidden[real]).float()  # (N, V)
+        log_probs = found.hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
+        log_probs[real] = logits.gather(-1, tgt_out[real][:, None])[:, 0] - logits.logsumexp(-1)  # log-softmax at the target
         copies = copy_scores([sources[i] for i in batch], [translations[i] for i in batch])
         log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
