@@ -196,7 +196,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
             results = translate_with_glossary(translator, corpus.src, glossary, always=args.glossary_always)
             hypotheses = [r.text for r in results]
-            read = ([[s.source for s in r.sentences] for r in results], [[s.translation for s in r.sentences] for r in results])
+            read = ([r.sources for r in results], [r.outputs for r in results])
     seconds = time.perf_counter() - started
     if args.save:
         with output_file(args.save, force=args.force, inputs=inputs, reads=reads) as handle:

@@ -68,7 +68,7 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
         if annotate is None:
             return texts
         # judged as without a glossary: each sentence as the model read it, against its output before recasing
-        return annotate([[s.source for s in r.sentences] for r in results], [[s.translation for s in r.sentences] for r in results], texts)
+        return annotate([r.sources for r in results], [r.outputs for r in results], texts)
 
     return write
 

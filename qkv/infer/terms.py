@@ -101,6 +101,16 @@ class GlossaryTranslation:
     def as_dict(self) -> dict:
         return {"translation": self.text, "terms": self.terms()}
 
+    @property
+    def sources(self) -> list[str]:
+        """Each sentence as the model read it (``TranslatedLine.sentences``), for the trust pass."""
+        return [s.source for s in self.sentences]
+
+    @property
+    def outputs(self) -> list[str]:
+        """The model's translation of each, before the line was recased and joined (``TranslatedLine.outputs``)."""
+        return [s.translation for s in self.sentences]
+
 
 def constraint_forms(term: Term) -> list[str]:
     """The forms a constrained search may write for ``term``: its own, and those starting in lower case

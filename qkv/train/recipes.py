@@ -137,14 +137,13 @@ class TrainConfig:
         for name in ("max_tokens", "lr", "eval_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train key {name} must be positive, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"train key warmup_steps must be >= 0, got {self.warmup_steps}")
         for name in ("label_smoothing", "beta1", "beta2", "ema"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1){' (0: no EMA)' if name == 'ema' else ''}, got {getattr(self, name)}")
-        for name in ("eps", "rdrop", "alignment", "weight_decay", "clip_norm", "max_steps", "time_budget", "measure_steps", "patience", "threads"):
+        for name in ("warmup_steps", "eps", "rdrop", "alignment", "weight_decay", "clip_norm", "max_steps", "time_budget",
+                     "measure_steps", "patience", "threads"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"train key {name} must be >= 0, got {getattr(self, name)}")
         for name in ("accumulate", "max_epochs", "valid_beam"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
