@@ -62,14 +62,16 @@ class Block:
 
 def decompose(
     sublayer: Sublayer, attention: MultiHeadAttention, x: Tensor, memory: Tensor | None = None, *,
-    key_mask: Tensor | None = None, causal: bool = False,
+    key_mask: Tensor | None = None, causal: bool = False, norms: bool = True,
 ) -> Block:
     """Run one attention block of the model and write its output as a sum of one vector per input.
 
     x: (B, m, D) the block's input (the residual stream); memory: (B, n, D) for cross-attention, None
     for self-attention; key_mask: (B, n) True for real keys. The output and weights are the real
     module's (``sublayer`` calling ``attention``), computed once; the parts are built from the same
-    weights, so in float64 they sum back to the output to rounding.
+    weights, so in float64 they sum back to the output to rounding. With ``norms`` False, ``head_norms``
+    is left empty and ``mixed`` of a self-attention block holds its parts (the residual added in place,
+    no copy): what ALTI alone needs (``contributions(norms=False)``).
     """
     if attention.training or sublayer.training:
         raise QkvError("contributions are read from a model in eval mode (dropout off): call model.eval()")
@@ -87,13 +89,13 @@ def decompose(
     f = torch.einsum("bhnv,hvd->bhnd", v, W_o)  # (B, H, n, D): f^h(x_j), head h's share of W^O
     weights = weights.to(f.dtype)
     mixed = torch.einsum("bhmn,bhnd->bmnd", weights, f)  # (B, m, n, D): sum_h alpha^h_ij f^h(x_j)
-    head_norms = weights * f.norm(dim=-1)[:, :, None, :]  # (B, H, m, n): alpha >= 0
+    head_norms = weights * f.norm(dim=-1)[:, :, None, :] if norms else weights.new_zeros(0)  # (B, H, m, n): alpha >= 0
     b_o = attention.out_proj.bias
     b_o = torch.zeros(D, dtype=f.dtype, device=f.device) if b_o is None else b_o
     if memory is None:  # self-attention: the residual x_i belongs to key i
         if mixed.size(1) != mixed.size(2):
             raise QkvError("self-attention with a cache has no decomposition: run the whole sequence")
-        parts = mixed.clone()  # (B, m, m, D)
+        parts = mixed.clone() if norms else mixed  # (B, m, m, D); without norms nothing else reads mixed: no copy
         parts.diagonal(dim1=1, dim2=2).add_(x.to(parts.dtype).transpose(1, 2))  # x_i on the diagonal: (B, D, m) view
     else:
         parts = torch.cat([mixed, x[:, :, None, :]], dim=2)  # (B, m, n + 1, D): the residual last
@@ -148,14 +150,16 @@ class Contributions:
 
 
 @torch.inference_mode()
-def contributions(model: Transformer, src: Tensor, tgt_in: Tensor, *, alti: bool = True) -> Contributions:
+def contributions(model: Transformer, src: Tensor, tgt_in: Tensor, *, alti: bool = True, norms: bool = True) -> Contributions:
     """Every reading for a padded batch: src (B, S) ids ending in EOS, tgt_in (B, T) = BOS + target.
 
     Runs the model's own layers one block at a time, in the model's dtype (float64 for the exactness
     tests: ``model.double()``); ``hidden`` (B, T, D) and ``memory`` (B, S, D) are the decoder's and
     encoder's real outputs, as ``encode`` and ``decode_hidden`` give them. With ``alti`` False only
     the cross-attention blocks are decomposed (weights, head norms and norms; ``alti`` and
-    ``encoder_alti`` stay empty): what ``qkv align --method norm`` reads, without ALTI's rollout.
+    ``encoder_alti`` stay empty): what ``qkv align --method norm`` reads, without ALTI's rollout. With
+    ``norms`` False, ALTI without the value norms (``head_norms`` and ``norms`` stay empty lists): what
+    the trust pass reads, for less work.
     """
     if model.training:
         raise QkvError("contributions are read from a model in eval mode (dropout off): call model.eval()")
@@ -169,7 +173,7 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor, *, alti: bool
     x = model._embed(model.src_embed, src)  # (B, S, D)
     rollout = torch.eye(S, dtype=x.dtype, device=x.device).expand(B, S, S)  # (B, S, S)
     for layer in model.encoder_layers:
-        block = decompose(layer.attn_sublayer, layer.self_attn, x, key_mask=src_mask)
+        block = decompose(layer.attn_sublayer, layer.self_attn, x, key_mask=src_mask, norms=False)
         rollout = alti_shares(block.parts) @ rollout  # (B, S, S) @ (B, S, S)
         x, _ = layer.ff_sublayer(block.output, lambda h, layer=layer: (layer.feed_forward(h), None))
     memory = model.encoder_norm(x)  # (B, S, D)
@@ -177,19 +181,20 @@ def contributions(model: Transformer, src: Tensor, tgt_in: Tensor, *, alti: bool
     from_source = torch.cat([rollout, rollout.new_zeros(B, S, T)], dim=-1)  # (B, S, S + T)
     alti = torch.cat([rollout.new_zeros(B, T, S), torch.eye(T, dtype=x.dtype, device=x.device).expand(B, T, T)], dim=-1)
     y = model._embed(model.tgt_embed, tgt_in)  # (B, T, D)
-    weights, head_norms, norms, altis = [], [], [], []
+    weights, head_norms, value_norms, altis = [], [], [], []
     for layer in model.decoder_layers:
-        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True)
+        block = decompose(layer.self_sublayer, layer.self_attn, y, causal=True, norms=False)
         alti = alti_shares(block.parts) @ alti  # (B, T, T) @ (B, T, S + T)
-        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask)
+        cross = decompose(layer.cross_sublayer, layer.cross_attn, block.output, memory, key_mask=src_mask, norms=norms)
         shares = alti_shares(cross.parts)  # (B, T, S + 1): the source tokens, then the residual
         alti = shares[..., :S] @ from_source + shares[..., S:] * alti  # (B, T, S + T)
         y, _ = layer.ff_sublayer(cross.output, lambda h, layer=layer: (layer.feed_forward(h), None))
         weights.append(cross.weights)
-        head_norms.append(cross.head_norms)
-        norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
+        if norms:
+            head_norms.append(cross.head_norms)
+            value_norms.append(cross.mixed.norm(dim=-1))  # (B, T, S)
         altis.append(alti)
-    return Contributions(weights, head_norms, norms, altis, encoder_alti, memory, model.decoder_norm(y))
+    return Contributions(weights, head_norms, value_norms, altis, encoder_alti, memory, model.decoder_norm(y))
 
 
 def _cross_only(model: Transformer, src: Tensor, tgt_in: Tensor) -> Contributions:

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from qkv.data.corpus import collate
@@ -275,35 +276,68 @@ def why_flagged(flags: list[str], features: dict[str, float], thresholds: dict[s
     return out
 
 
-def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], share: torch.Tensor,
-              source_rows: torch.Tensor, attention: torch.Tensor, source: str, translation: str, copy: float,
+def batch_features(log_probs: torch.Tensor, share: torch.Tensor, attention: torch.Tensor, n_tgt: torch.Tensor,
+                   n_src: torch.Tensor) -> list[dict[str, float]]:
+    """The features a batch computes at once, one dict a pair: log_probs (B, T), each target token's
+    log-probability; share (B, T), its source share; attention (B, T, S), the last layer's cross-attention,
+    heads averaged; n_tgt, n_src (B,): each pair's target tokens and source tokens, EOS included (what lies
+    beyond them is padding). In float64."""
+    B, T = log_probs.shape
+    real = torch.arange(T, device=log_probs.device)[None, :] < n_tgt[:, None]  # (B, T)
+    count = n_tgt.to(torch.float64)
+    lp = log_probs.double()
+    mean = lp.masked_fill(~real, 0).sum(-1) / count  # (B,)
+    std = ((lp - mean[:, None]).square().masked_fill(~real, 0).sum(-1) / count).sqrt()  # population std
+    lp_min = lp.masked_fill(~real, math.inf).amin(-1)
+    share = share.double()
+    source_mean = share.masked_fill(~real, 0).sum(-1) / count
+    # The lowest mean of three consecutive tokens (a detached stretch); a pair of fewer tokens, its lowest token.
+    if T >= 3:
+        window = share.unfold(1, 3, 1).mean(-1)  # (B, T - 2)
+        whole = torch.arange(T - 2, device=share.device)[None, :] + 2 < n_tgt[:, None]
+        source_min = torch.where(n_tgt >= 3, window.masked_fill(~whole, math.inf).amin(-1), share.masked_fill(~real, math.inf).amin(-1))
+    else:
+        source_min = share.masked_fill(~real, math.inf).amin(-1)
+    # The mean entropy of the attention rows over log S (padding has weight 0 and adds 0).
+    a = attention.double()
+    entropy = -(a * a.clamp(min=1e-12).log()).sum(-1).masked_fill(~real, 0).sum(-1) / count  # (B,)
+    entropy = entropy / n_src.clamp(min=2).double().log()
+    columns = [mean, lp_min, std, source_mean, source_min, entropy]
+    names = ["logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "attention_entropy"]
+    rows = torch.stack(columns, dim=1).tolist()  # (B, 6): one transfer
+    return [dict(zip(names, row)) for row in rows]
+
+
+def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], shares: list[float],
+              source_rows: np.ndarray, computed: dict[str, float], source: str, translation: str, copy: float,
               calibration: dict) -> Trust:
-    """One pair. share (T,): each target token's source share; source_rows (T, S): its source part;
-    attention (T, S): the last layer's cross-attention, heads averaged; copy: ``copy_score``."""
-    lp = torch.tensor(log_probs, dtype=torch.float64)
-    window = share.unfold(0, 3, 1).mean(-1) if share.numel() >= 3 else share  # three tokens at a time
+    """One pair. log_probs and shares (T): each target token's log-probability and source share;
+    source_rows (T, S): each token's source part; computed: ``batch_features``'s; copy: ``copy_score``."""
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
-    normalised = source_rows / source_rows.sum(-1, keepdim=True).clamp(min=1e-12)  # (T, S): over the source
-    word_of = torch.full((normalised.size(1),), len(src_words), dtype=torch.long)  # (S,): each piece's word; EOS's last
-    for j, cols in enumerate(src_words):
-        word_of[cols] = j
-    per_word = normalised.new_zeros(normalised.size(0), len(src_words) + 1).index_add_(1, word_of, normalised)  # (T, W + 1)
-    used = (per_word[:, :-1].amax(0) * len(src_words) >= USED).tolist() if src_words else []
+    normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
+    if src_words:
+        word_of = np.full(normalised.shape[1], len(src_words), dtype=np.int64)  # (S,): each piece's word; EOS's last
+        for j, cols in enumerate(src_words):
+            word_of[cols] = j
+        per_word = np.zeros((normalised.shape[0], len(src_words) + 1))
+        np.add.at(per_word.T, word_of, normalised.T)  # (T, W + 1): each word's share, its pieces summed
+        used = (per_word[:, :-1].max(0) * len(src_words) >= USED).tolist()
+    else:
+        used = []
     unused = [j for j, u in enumerate(used) if not u]
     src_n, tgt_words = len(source.split()), translation.split()
     features = {
-        "logprob_mean": float(lp.mean()), "logprob_min": float(lp.min()),
-        "logprob_std": float(lp.std(unbiased=False)),
-        "source_mean": float(share.mean()), "source_min": float(window.min()),
+        "logprob_mean": computed["logprob_mean"], "logprob_min": computed["logprob_min"], "logprob_std": computed["logprob_std"],
+        "source_mean": computed["source_mean"], "source_min": computed["source_min"],
         "unused": len(unused) / max(1, len(src_words)),
         "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy,
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
         # Not in the confidence: the raw-attention baseline of docs/trust.md, the mean entropy of the last
         # layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
-        "attention_entropy": float(-(attention * attention.clamp(min=1e-12).log()).sum(-1).mean() / math.log(max(2, attention.size(1)))),
+        "attention_entropy": computed["attention_entropy"],
     }
-    words, shares = [], share.tolist()
+    words = []
     for word, rows in group_words(tgt_pieces):
         if word == "</s>":
             continue
@@ -348,7 +382,7 @@ def assess(
             [src_ids[i] for i in batch], [tgt_ids[i] for i in batch],
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
-        found = contributions(model, src, tgt_in)
+        found = contributions(model, src, tgt_in, norms=False)  # ALTI and the weights: no value norms
         real = tgt_out != tokenizer.pad_id  # (B, T): the output projection only where a token is scored
         logits = model.generator(found.hidden[real]).float()  # (N, V)
         log_probs = found.hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
@@ -356,15 +390,17 @@ def assess(
         copies = copy_scores([sources[i] for i in batch], [translations[i] for i in batch])
         log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
-        source_part = found.alti[-1][..., :S].double()  # (B, T, S)
-        attention = found.weights[-1].mean(dim=1).double()  # (B, H, T, S) -> (B, T, S)
+        source_part = found.alti[-1][..., :S].double()  # (B, T, S): padding columns hold exactly 0
+        share = source_part.sum(-1)  # (B, T)
+        n_src = torch.tensor([len(src_ids[i]) + 1 for i in batch])  # with EOS
+        n_tgt = torch.tensor([len(tgt_ids[i]) + 1 for i in batch])
+        computed = batch_features(log_probs, share, found.weights[-1].mean(dim=1), n_tgt.to(share.device), n_src.to(share.device))
+        rows_of, lps, shares = source_part.cpu().numpy(), log_probs.tolist(), share.tolist()
         for b, i in enumerate(batch):
-            n_src, n_tgt = len(src_ids[i]) + 1, len(tgt_ids[i]) + 1  # with EOS
-            rows = source_part[b, :n_tgt, :n_src]
+            s, t = int(n_src[b]), int(n_tgt[b])
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
-                log_probs[b, :n_tgt].tolist(), rows.sum(-1), rows, attention[b, :n_tgt, :n_src], sources[i],
-                translations[i], copies[b], calibration)
+                lps[b][:t], shares[b][:t], rows_of[b, :t, :s], computed[b], sources[i], translations[i], copies[b], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
             results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]
