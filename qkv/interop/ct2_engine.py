@@ -272,17 +272,26 @@ class CTranslate2Translator(Translator):
         if self.parity["pending"]:
             self._check_parity(src_ids)
         found = ct2_translate_ids(self.engine, self.tokenizer, src_ids, self.config, max_len=self.model.config.max_len,
-                                  max_tokens=self.max_tokens, use_vmap=self.use_vmap)
+                                  max_tokens=self.batch_tokens(src_ids), use_vmap=self.use_vmap)
         if self.config.loop_guard:  # the loop guard, as qkv's search runs it: a looping output searched again
             again = [i for i, (ids, out) in enumerate(zip(src_ids, found))
                      if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config))]
             if again:
                 guarded = replace(self.config, no_repeat_ngram_size=self.config.loop_guard, loop_guard=0)
-                redone = ct2_translate_ids(self.engine, self.tokenizer, [src_ids[i] for i in again], guarded,
-                                           max_len=self.model.config.max_len, max_tokens=self.max_tokens, use_vmap=self.use_vmap)
+                redone = ct2_translate_ids(self.engine, self.tokenizer, [src_ids[i] for i in again], guarded, max_len=self.model.config.max_len,
+                                           max_tokens=self.batch_tokens([src_ids[i] for i in again]), use_vmap=self.use_vmap)
                 for i, tokens in zip(again, redone):
                     found[i] = tokens
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in found]
+
+    def batch_tokens(self, src_ids: list[list[int]]) -> int:
+        """CTranslate2's batches, in source tokens: ``max_tokens``, but small enough that a call has at
+        least a batch for each of its threads (one batch per thread runs at a time: a server's batch of 32
+        sentences in one CTranslate2 batch would leave the other thread idle)."""
+        sizes = [len(ids) + 1 for ids in src_ids if ids]
+        if not sizes:
+            return self.max_tokens
+        return min(self.max_tokens, max(max(sizes), -(-sum(sizes) // self.threads)))
 
     def _check_parity(self, src_ids: list[list[int]]) -> None:
         """A new export's check: the first sentences, greedy, by qkv and by CTranslate2 (module docstring)."""

@@ -20,6 +20,7 @@ import errno
 import json
 import logging
 import socket
+import threading
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -182,12 +183,14 @@ def _ct2_translators(loaded: checkpoint.Checkpoint):
     ct2_dir, fresh = ensure_export(loaded.path, log=log.info)
     parity = {"pending": fresh, "failed": None}  # shared: a failed check fails every later batch too
     engine = None
+    lock = threading.Lock()  # model threads make Translators at once: one loads the model, the others reuse it
 
     def make(config, **kwargs):
         nonlocal engine
-        translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, check=parity,
-                                           engine=engine, log=log.info, **kwargs)
-        engine = translator.engine
+        with lock:
+            translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, check=parity,
+                                               engine=engine, log=log.info, **kwargs)
+            engine = translator.engine
         return translator
 
     return make
@@ -240,7 +243,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def create_app(
     checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    loop_guard: int = 0, engine: str = "qkv", **overrides: Any
+    loop_guard: int = 0, engine: str = "qkv", searches: int = 1, **overrides: Any
 ) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
@@ -248,7 +251,8 @@ def create_app(
     ``loop_guard``: every search's ``DecodeConfig.loop_guard`` (0, the default here: the exact search;
     ``qkv serve`` passes its ``--loop-guard``, 2 unless told). ``engine`` "ctranslate2": CTranslate2 searches
     (``qkv.interop.ct2_engine``: the checkpoint's export, made once into qkv's cache and checked on the
-    first batch), for beam search and greedy search only."""
+    first batch), for beam search and greedy search only. ``searches``: batches searched at once, each in
+    its own model thread (``qkv.serve.batcher``; ``serve`` chooses it for the machine)."""
     if engine not in ENGINES:
         raise QkvError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
     if engine == "ctranslate2" and (dtype != torch.float32 or torch.device(device).type != "cpu"):
@@ -275,7 +279,8 @@ def create_app(
         loaded.model, tokenizer, search_model=search_model, make_translator=make_translator, max_batch_sentences=limits["max_batch_sentences"],
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
-        calibration=calibration_of(loaded.path), loop_guard=loop_guard, **checkpoint.decode_defaults(loaded.config),
+        calibration=calibration_of(loaded.path), loop_guard=loop_guard, searches=searches,
+        **checkpoint.decode_defaults(loaded.config),
     )
     src_lang = info["src_lang"] or "en"  # whose rules cut a text into sentences (unknown: English's)
     TranslateRequest = request_model(
@@ -426,6 +431,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def default_searches(engine: str, device: str | torch.device) -> int:
+    """Batches ``qkv serve`` searches at once: on the CPU with qkv's search, one per thread up to two, each
+    search on its share of the threads (measured on 2 cores: benchmarks/results/serve-throughput); one on a
+    GPU, and one with CTranslate2, which splits each batch over its own threads (``CTranslate2Translator``)."""
+    if engine != "qkv" or torch.device(device).type != "cpu":
+        return 1
+    return max(1, min(2, torch.get_num_threads()))
+
+
 def serve(
     checkpoint_dir: str | Path,
     *,
@@ -437,15 +451,22 @@ def serve(
     dtype: torch.dtype = torch.float32,
     loop_guard: int = 0,
     engine: str = "qkv",
+    searches: int | None = None,
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
-    seconds to finish; then they are answered no more and their work stops."""
+    seconds to finish; then they are answered no more and their work stops. ``searches``: batches searched
+    at once (None: ``default_searches``); on the CPU each qkv search then gets 1/searches of the threads."""
     import uvicorn
 
     from qkv.model.cpu import tune_allocator
 
-    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, engine=engine, **limits)
+    searches = default_searches(engine, device) if searches is None else searches
+    if searches < 1:
+        raise QkvError(f"--searches must be at least 1, got {searches}")
+    if engine == "qkv" and torch.device(device).type == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // searches))
+    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, engine=engine, searches=searches, **limits)
     if torch.device(device).type == "cpu":
         tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.model.cpu)
     sock = listen(host, port)

@@ -1,9 +1,14 @@
-"""Dynamic batching for ``qkv serve``: a queue bounded by work, one worker, one model thread.
+"""Dynamic batching for ``qkv serve``: a queue bounded by work, one worker, ``searches`` model threads.
 
 Requests wait in a queue; a single worker takes what has arrived (up to ``max_batch_sentences``
 sentences, ``max_batch_tokens`` source tokens and ``max_batch_work`` units of work, waiting at most
 ``max_wait_ms`` for more), groups it by decoding settings and translates each group as one batch in a
-worker thread. The answer is serialized to JSON in that thread too, never on the event loop.
+model thread. With ``searches`` above 1, that many batches are searched at once, each in its own
+thread: the worker forms the next batch while a thread is free and hands it over, so that on the CPU
+two single-threaded searches of 16 sentences run side by side instead of one two-threaded search of 32
+(small matrices gain little from a second thread; qkv translate's ``--workers`` layout, in threads).
+While every thread is busy, requests wait in the queue and make the next batch larger. The answer is
+serialized to JSON in the model thread too, never on the event loop.
 
 Work is what the server computes for a request, in units of one decoder step of one output token
 (``Work``): for each non-empty text, its source tokens once for each pass of the encoder over them
@@ -29,6 +34,7 @@ import asyncio
 import json
 import logging
 import math
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +141,7 @@ class Batcher:
         loop_guard: int = 0,
         search_model: Transformer | None = None,
         make_translator: Callable[..., Translator] | None = None,
+        searches: int = 1,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer  # the float32 model: confidence and attention read it
         self.search_model = search_model or model  # what searches and scores (a bfloat16 copy with --bf16)
@@ -155,14 +162,19 @@ class Batcher:
         self._queue: asyncio.Queue[Job | None] | None = None
         self._held: Job | None = None  # taken from the queue but did not fit the last batch
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="qkv-translate")
-        self._decoding: list[Job] = []  # the jobs the model thread works on now
+        if searches < 1:
+            raise ValueError(f"searches must be at least 1, got {searches}")
+        self.searches = searches  # batches searched at once, each in a model thread
+        self._executor = ThreadPoolExecutor(searches, thread_name_prefix="qkv-translate")
+        self._free: asyncio.Semaphore | None = None  # model threads without a batch (made in start())
+        self._running: set[asyncio.Task] = set()  # the batches handed to model threads, until answered
+        self._decoding: dict[int, list[Job]] = {}  # model thread's ident -> the jobs it works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
         # The output layer runs once per decoding step: the place to notice that nobody waits.
         self._hook = self.search_model.generator.register_forward_pre_hook(self._stop_if_abandoned)  # removed by close()
 
     def _stop_if_abandoned(self, module: Any, args: Any) -> None:
-        jobs = self._decoding
+        jobs = self._decoding.get(threading.get_ident())
         if self._stop_all or (jobs and all(job.abandoned for job in jobs)):
             raise BatchAbandoned
 
@@ -247,6 +259,7 @@ class Batcher:
     def start(self) -> None:
         # The queue is made here, inside the server's event loop.
         self._queue = asyncio.Queue()
+        self._free = asyncio.Semaphore(self.searches)
         self._task = asyncio.create_task(self._run(), name="qkv-batcher")
 
     async def close(self) -> None:
@@ -331,17 +344,29 @@ class Batcher:
     async def _run(self) -> None:
         stopping = False
         while not stopping or self._held is not None:
+            await self._free.acquire()  # a model thread is free: only then is the next batch formed
             if stopping:  # the sentinel came while a request was held back: finish that one too
                 batch = [self._held]
                 self._held = None
             else:
                 batch, stopping = await self._collect()
+            task = asyncio.create_task(self._translate_batch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        if self._running:
+            await asyncio.gather(*self._running)
+
+    async def _translate_batch(self, batch: list[Job]) -> None:
+        """One batch's groups, one after the other in one model thread; then the thread is free again."""
+        try:
             groups: dict[Settings, list[Job]] = {}
             for job in batch:
                 if not job.abandoned:  # a dropped request was counted by its handler
                     groups.setdefault(job.settings.search(), []).append(job)
             for settings, jobs in groups.items():
                 await self._translate(settings, jobs)
+        finally:
+            self._free.release()
 
     async def _translate(self, settings: Settings, jobs: list[Job]) -> None:
         """One group in the model thread. If it fails, each request is retried alone, so that only the
@@ -380,11 +405,12 @@ class Batcher:
 
     def translate_group(self, settings: Settings, jobs: list[Job]) -> list[bytes]:
         """Runs in the worker thread: one batch of requests with equal searches -> one JSON body each."""
-        self._decoding = jobs
+        me = threading.get_ident()
+        self._decoding[me] = jobs
         try:
             return self._translate_group(settings, jobs)
         finally:
-            self._decoding = []
+            del self._decoding[me]
 
     def _translate_group(self, search: Settings, jobs: list[Job]) -> list[bytes]:
         # One search for the whole group, with as many of the n best as any request asks for.

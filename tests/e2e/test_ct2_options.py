@@ -136,3 +136,25 @@ def _lines(where, name, lines):
     path = where / f"{name}.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def test_a_batch_is_split_over_ctranslate2s_threads_and_translates_the_same(tiny_run, tmp_path, monkeypatch):
+    """A server's batch (32 sentences, far under max_tokens) goes to CTranslate2 in as many batches as it
+    has threads, so that none is idle; the translations are those of one thread and one batch."""
+    monkeypatch.setenv("QKV_CT2_CACHE", str(tmp_path / "cache"))
+    loaded = checkpoint.load(tiny_run)
+    ct2_dir, _ = ensure_export(tiny_run)
+    src_ids = [Translator(loaded.model, loaded.tokenizer).encode(s) for s in LINES * 7][:32]
+    config = DecodeConfig(beam_size=2)
+    outputs, sizes = {}, {}
+    for threads in (1, 2):
+        translator = CTranslate2Translator(loaded.model, loaded.tokenizer, config, ct2_dir=ct2_dir, threads=threads, max_tokens=4096)
+        calls = []
+        real = translator.engine.translate_batch
+        translator.engine = type("Spy", (), {"translate_batch": lambda self, batch, **kw: calls.append(kw) or real(batch, **kw)})()
+        outputs[threads] = [h[0].tokens for h in translator.translate_ids(src_ids)]
+        sizes[threads] = [kw["max_batch_size"] for kw in calls]
+    total = sum(len(ids) + 1 for ids in src_ids)
+    assert sizes[1] == [total]  # one thread: the whole batch at once
+    assert sizes[2] and all(size < total for size in sizes[2]) and sizes[2][0] >= -(-total // 2)
+    assert outputs[2] == outputs[1]

@@ -326,3 +326,46 @@ def test_a_text_that_made_the_splitter_panic_is_translated_with_the_others(rando
     assert len(response.json()["translations"]) == 3 and stats["failed"] == 0
     (alone,), _ = exchange(random_checkpoint, [{"texts": texts[:1], "beam_size": 1}])
     assert response.json()["translations"][0] == alone.json()["translations"][0]
+
+
+@pytest.mark.parametrize("searches", [1, 2])
+def test_batches_are_searched_side_by_side_in_as_many_threads_as_searches(random_checkpoint, loaded, searches):
+    # Eight requests at once, at most two sentences a batch: four batches. With searches=2 two of them are
+    # decoded at the same time, in two threads; with 1, one at a time. The answers are the library's either way.
+    import threading
+    import time
+
+    texts = ["A dog runs.", "Two children play.", "A man rides a bike.", "The sun shines.",
+             "A cat sleeps.", "Birds fly south.", "Rain falls.", "A boy reads a book."]
+    app = create_app(random_checkpoint, searches=searches, max_batch_sentences=2, max_wait_ms=50)
+    model = app.state.batcher.search_model
+    inside, most, threads, lock = [0], [0], set(), threading.Lock()
+
+    def enter(module, args):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            threads.add(threading.get_ident())
+        time.sleep(0.002)  # each decoding step takes a while, so that batches overlap if they can
+
+    def leave(module, args, output):
+        with lock:
+            inside[0] -= 1
+
+    hooks = [model.generator.register_forward_pre_hook(enter), model.generator.register_forward_hook(leave)]
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return await asyncio.gather(*[client.post("/v1/translate", json={"texts": [t], "beam_size": 3}) for t in texts])
+
+    try:
+        responses = asyncio.run(scenario())
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert [r.status_code for r in responses] == [200] * len(texts)
+    expected = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=3), max_tokens=4096, max_sentences=32).translate(texts)
+    assert [r.json()["translations"][0] for r in responses] == expected
+    assert most[0] == searches and len(threads) == searches
