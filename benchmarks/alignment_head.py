@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks.alignment_gold import SHARED, gold_set
-from qkv.inspect.align import align, alignment_error_rate, default_reading
+from qkv.inspect.align import LINKS, align, alignment_error_rate, default_link, default_reading
 from qkv.io import checkpoint
 from qkv.train.alignment import align_words_eflomal
 
@@ -49,11 +49,14 @@ def main() -> None:
     for path in args.checkpoint:
         loaded = checkpoint.load(path)
         method, layer, head = default_reading(loaded.model.config)
-        started = time.time()
-        found = align(loaded.model, loaded.tokenizer, sources, targets)
+        link = default_link(loaded.model.config)
         reading = f"{method}, layer {layer + 1}" + (f", head {head + 1}" if head is not None else ", mean of heads")
-        rows.append({"aligner": f"qkv align --checkpoint {path} (default: {reading})", "seconds": round(time.time() - started, 1),
-                     **alignment_error_rate(found, gold)})
+        for side in (link, *(s for s in LINKS if s != link)):  # the default, then the other side of the same weights
+            started = time.time()
+            found = align(loaded.model, loaded.tokenizer, sources, targets, link=side)
+            name = f"default: {reading}, {side} side" if side == link else f"--link {side}"
+            rows.append({"aligner": f"qkv align --checkpoint {path} ({name})", "seconds": round(time.time() - started, 1),
+                         **alignment_error_rate(found, gold)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.gold}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")

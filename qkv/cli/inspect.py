@@ -148,6 +148,9 @@ def _align_args(p: argparse.ArgumentParser) -> None:
                         "statistical aligner, run on the given pairs alone (words; the more pairs, the better it aligns)")
     p.add_argument("--read", choices=["input", "predict"], default="predict",
                    help="read a target word where it is predicted (default) or where it is the decoder's input")
+    p.add_argument("--link", choices=["target", "source"],
+                   help="which side chooses: each target word its best source word, or each source word the target word "
+                        "that attends to it most (default: source for a model trained with guided alignment, else target)")
     p.add_argument("--layer", type=int, help="decoder layer, 1-based (default: the alignment head's; else the middle "
                                               "one, n // 2 of n; 1 of 1)")
     p.add_argument("--head", type=int, help="one head, 1-based (default: the alignment head; else the mean of the heads; "
@@ -189,8 +192,8 @@ def align_command(args: argparse.Namespace) -> int:
         check_gold(gold, sources, targets, args.gold)
     layer = None if args.layer is None else args.layer - 1 if args.layer > 0 else args.layer
     if args.method == "eflomal":
-        if args.pieces or args.layer is not None or args.head is not None:
-            raise QkvError("--method eflomal aligns words with a statistical aligner: not with --pieces, --layer or --head")
+        if args.pieces or args.layer is not None or args.head is not None or args.link is not None:
+            raise QkvError("--method eflomal aligns words with a statistical aligner: not with --pieces, --layer, --head or --link")
         from qkv.train.alignment import align_words_eflomal
 
         if targets is None:  # the model's own translations, as the other methods align
@@ -203,7 +206,7 @@ def align_command(args: argparse.Namespace) -> int:
     alignments = alignments if alignments is not None else align(
         loaded.model, loaded.tokenizer, sources, targets, layer=layer, method=args.method, row=args.read,
         head=None if args.head is None else args.head - 1, config=decode_config(args),
-        max_tokens=args.batch_tokens, pieces=args.pieces,
+        max_tokens=args.batch_tokens, pieces=args.pieces, link=args.link,
     )
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.writelines(pharaoh(a) + "\n" for a in alignments)

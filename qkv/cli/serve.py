@@ -45,9 +45,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="what runs the search: qkv, or CTranslate2 on the checkpoint's export (as qkv translate's; beam and "
                         "greedy search only, no n_best above 1 or sampling); confidence and attention are read by qkv")
     p.add_argument("--searches", type=int, default=None, metavar="N",
-                   help="batches searched at once, each in its own thread (default: with qkv's search on the CPU, 2 where "
-                        "there are 2 or more threads, each search on half of them; else 1: CTranslate2 splits a batch over "
-                        "its own threads)")
+                   help="batches searched at once, each in its own thread (default: on the CPU, 2 where there are 2 or more "
+                        "threads, qkv's search then running each on half of them; on a GPU, 1)")
     p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
                    help=f"as qkv translate's: a sentence whose output loops is searched again with no repeated N-gram of "
                         f"tokens; 0: off, the exact search (default {LOOP_GUARD}, chosen on val: docs/robustness.md)")

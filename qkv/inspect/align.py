@@ -9,6 +9,13 @@ readings (``METHODS``; ``qkv.inspect.contributions``):
 - ``norm``: the norms of what each source token adds, ||sum_h alpha_ij f(x_j)|| (Kobayashi et al., 2020);
 - ``alti``: ALTI+'s share of each source token, rolled out through the encoder and decoder.
 
+``link`` says which side chooses: ``target``, each target word linked with the source word it scores
+highest (``align_words``), or ``source``, each source word linked with the target word that scores it
+highest (``align_source_words``), the same weights read the other way. A model trained with guided
+alignment is read at its head from the source side by default: on the En-De gold set of Multi30k val
+(benchmarks/gold/multi30k-val.en-de), AER 14.5 against 20.7 from the target side (runs/en-de-aligned,
+docs/trust.md); any other model from the target side, as it was chosen.
+
 ``row`` says where a target word is read: ``predict``, the decoder position that predicts it (what the
 pictures show), or ``input``, the position where it is the decoder's input (Shift-Att, Chen et al.,
 2020), which the literature found better on 6-layer models of large corpora; on qkv's Multi30k models it
@@ -32,10 +39,11 @@ from qkv.model.transformer import Transformer
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator, length_batches
 from qkv.inspect.contributions import contributions, reading
-from qkv.inspect.visualize import align_words
+from qkv.inspect.visualize import align_source_words, align_words
 
 METHODS = ("attention", "norm", "alti")
 ROWS = ("input", "predict")
+LINKS = ("target", "source")
 # The default reading: value norms where the word is predicted, at the middle decoder layer (layer
 # n // 2, 1-based, of n), chosen on the En-De gold set of Multi30k val (benchmarks/gold/multi30k-val.en-de:
 # AER 25.5 against 39.9 for the last layer's weights; docs/translation.md gives every method, reading and layer).
@@ -45,6 +53,12 @@ DEFAULT_METHOD, DEFAULT_ROW = "norm", "predict"
 def default_layer(n_layers: int) -> int:
     """The default decoder layer, a 0-based index: the middle one (layer n // 2 of n, 1-based)."""
     return max(0, n_layers // 2 - 1)
+
+
+def default_link(config) -> str:
+    """The side that chooses the links when none is asked for (module docstring): ``source`` for a model
+    trained with guided alignment, ``target`` for any other."""
+    return "source" if config.alignment_layer is not None else "target"
 
 
 def default_reading(config) -> tuple[str, int, int | None]:
@@ -60,14 +74,14 @@ def default_reading(config) -> tuple[str, int, int | None]:
 def align(
     model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str] | None = None, *,
     layer: int | None = None, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
-    pieces: bool = False, method: str | None = None, row: str = DEFAULT_ROW,
+    pieces: bool = False, method: str | None = None, row: str = DEFAULT_ROW, link: str | None = None,
 ) -> list[list[tuple[int, int]]]:
     """Pharaoh pairs (source word, target word) for each line, in input order.
 
     ``targets`` None: align each source with the model's own translation (searched with ``config``).
     ``method``: one of ``METHODS``, or None for the model's default reading (``default_reading``: its
     alignment head when it was trained with one; then ``layer`` and ``head`` default to that head's);
-    ``row``: ``input`` or ``predict`` (module docstring).
+    ``row``: ``input`` or ``predict``; ``link``: ``target`` or ``source``, None for ``default_link`` (module docstring).
     ``layer``: a Python index over the decoder layers (None: ``default_layer``); ``head``: one head, 0-based, or None for the mean over heads (``attention``
     and ``norm`` only). ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the encoded
     source and target, EOS left out) instead of words. An empty source or target gives no pairs.
@@ -80,6 +94,9 @@ def align(
         raise QkvError(f"unknown alignment method {method!r}: one of {', '.join(METHODS)}")
     if row not in ROWS:
         raise QkvError(f"unknown reading {row!r}: input or predict")
+    link = default_link(model.config) if link is None else link
+    if link not in LINKS:
+        raise QkvError(f"unknown link side {link!r}: target or source")
     if head is not None and method == "alti":
         raise QkvError("ALTI+ rolls out every head together: --head goes with --method attention or norm")
     n_layers = len(model.decoder_layers)
@@ -116,11 +133,16 @@ def align(
             src_pieces = tokenizer.pieces([*src_ids[i], tokenizer.eos_id])
             tgt_pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
             w = cross[b, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
-            if pieces:  # each target piece with the source piece it attends to most, EOS on neither side
+            if pieces and link == "target":  # each target piece with the source piece it attends to most, EOS on neither side
                 best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
                 results[i] = [(s, t) for t, s in enumerate(best)]
-            else:
+            elif pieces:  # each source piece with the target piece that attends to it most
+                best = w[:-1, :-1].argmax(dim=0).tolist()  # (S-1,)
+                results[i] = sorted((s, t) for s, t in enumerate(best))
+            elif link == "target":
                 results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
+            else:
+                results[i] = sorted((s, t) for s, t, _ in align_source_words(w, src_pieces, tgt_pieces))
     return results
 
 

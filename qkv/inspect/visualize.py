@@ -171,6 +171,20 @@ def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -
     return alignment
 
 
+def align_source_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
+    """For each source word, the target word that attends to it most: (source word, target word, weight),
+    0-based word indices without EOS, the other direction of ``align_words`` on the same word weights
+    (a target word's row the mean of its pieces' rows, a source word's column the sum of its pieces')."""
+    src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
+    tgt_words = [rows for w, rows in group_words(tgt_pieces) if w != "</s>"]
+    if not src_words or not tgt_words:
+        return []
+    by_word = torch.stack([weights[rows].mean(dim=0) for rows in tgt_words])  # (Tw, S)
+    mass = torch.stack([by_word[:, cols].sum(dim=1) for cols in src_words], dim=1)  # (Tw, Sw)
+    best = mass.argmax(dim=0).tolist()  # (Sw,)
+    return [(i, j, float(mass[j, i])) for i, j in enumerate(best)]
+
+
 def word_alignment(capture: AttentionCapture, layer: int = -1) -> list[tuple[str, str, float]]:
     """For each target word, the source word it attended to most (head-averaged cross-attention):
     (target word, source word, weight) triples; EOS is left out."""

@@ -17,6 +17,7 @@ ctranslate2 is an optional dependency (the ``export`` extra); importing this mod
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -232,6 +233,13 @@ def write_vmap(table, tokenizer: Tokenizer, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@functools.lru_cache(maxsize=8)
+def _piece_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """Each piece's id, for reading CTranslate2's output: made once per tokenizer (a server calls
+    ``ct2_translate_ids`` once a batch; the vocabulary's pieces cost about a millisecond a thousand)."""
+    return {p: i for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size)))}
+
+
 def ct2_translate_ids(
     translator: Any, tokenizer: Tokenizer, src_ids: list[list[int]], config: DecodeConfig,
     *, max_len: int, max_batch_size: int = 64, max_tokens: int | None = None, use_vmap: bool = False,
@@ -254,7 +262,7 @@ def ct2_translate_ids(
     limits_of = SimpleNamespace(config=SimpleNamespace(max_len=max_len))  # all max_output_length reads
 
     eos_piece = tokenizer.pieces([tokenizer.eos_id])[0]
-    piece_to_id = {p: i for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size)))}
+    piece_to_id = _piece_ids(tokenizer)
     results: list[list[int]] = [[] for _ in src_ids]
     groups: dict[int, list[int]] = {}
     limit_of = {i: max_output_length(limits_of, len(ids) + 1, config) for i, ids in enumerate(src_ids) if ids}

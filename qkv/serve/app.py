@@ -432,10 +432,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def default_searches(engine: str, device: str | torch.device) -> int:
-    """Batches ``qkv serve`` searches at once: on the CPU with qkv's search, one per thread up to two, each
-    search on its share of the threads (measured on 2 cores: benchmarks/results/serve-throughput); one on a
-    GPU, and one with CTranslate2, which splits each batch over its own threads (``CTranslate2Translator``)."""
-    if engine != "qkv" or torch.device(device).type != "cpu":
+    """Batches ``qkv serve`` searches at once: on the CPU, one per thread up to two (qkv's search then runs
+    each on its share of the threads; CTranslate2 splits each over all of its own, ``CTranslate2Translator``);
+    one on a GPU. Measured on 2 cores: benchmarks/results/serve-throughput."""
+    if torch.device(device).type != "cpu":
         return 1
     return max(1, min(2, torch.get_num_threads()))
 

@@ -167,6 +167,7 @@ class Batcher:
         self.searches = searches  # batches searched at once, each in a model thread
         self._executor = ThreadPoolExecutor(searches, thread_name_prefix="qkv-translate")
         self._free: asyncio.Semaphore | None = None  # model threads without a batch (made in start())
+        self._idle = searches
         self._running: set[asyncio.Task] = set()  # the batches handed to model threads, until answered
         self._decoding: dict[int, list[Job]] = {}  # model thread's ident -> the jobs it works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
@@ -260,6 +261,7 @@ class Batcher:
         # The queue is made here, inside the server's event loop.
         self._queue = asyncio.Queue()
         self._free = asyncio.Semaphore(self.searches)
+        self._idle = self.searches  # model threads without a batch, besides the one a batch being formed takes
         self._task = asyncio.create_task(self._run(), name="qkv-batcher")
 
     async def close(self) -> None:
@@ -315,13 +317,19 @@ class Batcher:
 
     async def _collect(self) -> tuple[list[Job], bool]:
         """The next batch: whatever arrives within max_wait of the first request, within the budgets.
-        A request is never split; one larger than the budgets makes a batch on its own."""
+        A request is never split; one larger than the budgets makes a batch on its own. While another
+        model thread is idle, the batch takes only its share of what waits (the waiting requests over
+        the idle threads, this one included) and does not wait for more: the idle thread takes the rest
+        at once (32 requests and two idle threads: two batches of 16, side by side, not one of 32)."""
         first = await self._next(None)
         if first is None:
             return [], True
         batch, sentences, tokens, work = [first], len(first.src_ids), first.n_tokens, first.work
         deadline = time.monotonic() + self.max_wait
         while sentences < self.max_batch_sentences and tokens < self.max_batch_tokens and work < self.max_batch_work:
+            waiting = len(batch) + self._queue.qsize() + (self._held is not None)
+            if self._idle and len(batch) >= -(-waiting // (self._idle + 1)):
+                break
             try:
                 job = await self._next(max(deadline - time.monotonic(), 0.0))
             except (asyncio.TimeoutError, asyncio.QueueEmpty):  # the two differ on Python 3.10
@@ -345,6 +353,7 @@ class Batcher:
         stopping = False
         while not stopping or self._held is not None:
             await self._free.acquire()  # a model thread is free: only then is the next batch formed
+            self._idle -= 1
             if stopping:  # the sentinel came while a request was held back: finish that one too
                 batch = [self._held]
                 self._held = None
@@ -366,6 +375,7 @@ class Batcher:
             for settings, jobs in groups.items():
                 await self._translate(settings, jobs)
         finally:
+            self._idle += 1
             self._free.release()
 
     async def _translate(self, settings: Settings, jobs: list[Job]) -> None:

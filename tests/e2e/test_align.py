@@ -19,7 +19,7 @@ from qkv.model.config import model_preset
 from qkv.infer.search import DecodeConfig
 from qkv.model.transformer import Transformer
 from qkv.data.tokenizer import Tokenizer
-from qkv.inspect.visualize import align_words, attention_of, capture_attention, word_alignment
+from qkv.inspect.visualize import align_source_words, align_words, attention_of, capture_attention, word_alignment
 
 SENTENCES = ["a man rides a red bike", "two dogs play in the snow", "a woman reads a book", "children run on the beach"]
 
@@ -38,6 +38,37 @@ def test_pieces_are_merged_into_words_on_hand_made_weights():
     assert [(s, t) for s, t, _ in pairs] == [(0, 0), (2, 1), (1, 2)]
     assert [round(m, 2) for _, _, m in pairs] == [0.7, 0.55, 0.6]
     assert pharaoh([(s, t) for s, t, _ in pairs]) == "0-0 2-1 1-2"
+
+
+def test_the_source_side_links_each_source_word_with_the_target_word_that_attends_to_it_most():
+    src = ["▁a", "▁dog", "</s>"]
+    tgt = ["▁ein", "▁Hund", "▁läuft", "</s>"]
+    w = torch.tensor([
+        [0.8, 0.1, 0.1],  # ein -> a
+        [0.2, 0.7, 0.1],  # Hund -> dog
+        [0.1, 0.6, 0.3],  # läuft -> dog too, from the target side
+        [0.0, 0.0, 1.0],  # EOS: not aligned
+    ])  # fmt: skip
+    assert [(s, t) for s, t, _ in align_words(w, src, tgt)] == [(0, 0), (1, 1), (1, 2)]
+    # From the source side each source word takes one target word: dog -> Hund (0.7 over 0.6).
+    assert align_source_words(w, src, tgt) == [(0, 0, pytest.approx(0.8)), (1, 1, pytest.approx(0.7))]
+    assert align_source_words(w[:1], src, tgt[-1:]) == []  # no target words: no links
+
+
+def test_a_model_with_an_alignment_head_is_read_from_the_source_side_by_default(model_dir):
+    loaded = checkpoint.load(model_dir)
+    refs = ["ein Mann fährt ein rotes Rad", "zwei Hunde spielen im Schnee", "eine Frau liest", "Kinder laufen am Strand"]
+    plain = align(loaded.model, loaded.tokenizer, SENTENCES, refs)  # no head: the target side
+    assert plain == align(loaded.model, loaded.tokenizer, SENTENCES, refs, link="target")
+    loaded.model.config = loaded.model.config.replace(alignment_layer=0)
+    headed = align(loaded.model, loaded.tokenizer, SENTENCES, refs)
+    source = align(loaded.model, loaded.tokenizer, SENTENCES, refs, link="source", method="attention", layer=0, head=0)
+    assert headed == source
+    assert headed != align(loaded.model, loaded.tokenizer, SENTENCES, refs, link="target", method="attention", layer=0, head=0)
+    for pairs, sentence in zip(headed, SENTENCES):
+        assert [s for s, _ in pairs] == list(range(len(sentence.split())))  # every source word once
+    with pytest.raises(QkvError, match="link side"):
+        align(loaded.model, loaded.tokenizer, SENTENCES, refs, link="both")
 
 
 @pytest.fixture(scope="module")
