@@ -524,6 +524,14 @@ def test_cli_defaults_are_the_servers():
     assert {name: getattr(args, name) for name in DEFAULT_LIMITS} == DEFAULT_LIMITS
 
 
+def test_searches_below_one_is_a_one_line_error_before_anything_loads(tmp_path, capsys):
+    from qkv.cli.main import main
+
+    assert main(["serve", "--checkpoint", str(tmp_path / "no-such-model"), "--searches", "0"]) != 0
+    err = capsys.readouterr().err
+    assert "--searches must be at least 1, got 0" in err and len(err.strip().splitlines()) == 1
+
+
 LIMIT_CASES = {
     # 64 long texts at beam 16: about a million units of decoding work.
     "work": ({"texts": ["9 mai 2017 " * 90] * 64, "beam_size": 16}, ["body", "texts"], "--max-request-work"),
