@@ -37,19 +37,16 @@ from pathlib import Path
 import httpx
 
 from benchmarks.load_test import ServerProcess, run_load
+from qkv.data.corpus import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def sources(data_dir: Path, split: str, src: str) -> list[str]:
+    """The split's non-empty source lines (plain or .gz, read as every corpus is: ``qkv.data.corpus.read_lines``)."""
     path = data_dir / f"{split}.{src}"
-    if not path.exists():
-        path = data_dir / f"{split}.{src}.gz"
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
+    found = read_lines(path if path.exists() else path.with_name(path.name + ".gz"))
+    return [line.strip() for line in found if line.strip()]
 
 
 def batched_cell(checkpoint: str, engine: str, texts: list[str], beam: int) -> dict:

@@ -151,36 +151,35 @@ def group_words(pieces: list[str]) -> list[tuple[str, list[int]]]:
     return [(w, idx) for w, idx in words if w]
 
 
-def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
-    """For each target word, the source word it attends to most: (source word, target word, weight),
-    0-based word indices without EOS. weights: (T, S) over the pieces (rows: target, columns: source).
-
-    A word's attention is the mean over its pieces' rows (target) and the sum over its pieces'
-    columns (source), so a word split into many pieces is not favoured or penalised for it.
-    """
+def word_weights(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> Tensor:
+    """(Tw, Sw): the piece weights (T, S) as word weights, EOS left out on both sides: a target word's row
+    the mean of its pieces' rows, a source word's column the sum of its pieces' columns, so that a word
+    split into many pieces is not favoured or penalised for it. Empty when either side has no word."""
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
     tgt_words = [rows for w, rows in group_words(tgt_pieces) if w != "</s>"]
-    if not src_words:
+    if not src_words or not tgt_words:
+        return weights.new_zeros(len(tgt_words), len(src_words))
+    by_word = torch.stack([weights[rows].mean(dim=0) for rows in tgt_words])  # (Tw, S)
+    return torch.stack([by_word[:, cols].sum(dim=1) for cols in src_words], dim=1)  # (Tw, Sw)
+
+
+def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
+    """For each target word, the source word it attends to most: (source word, target word, weight),
+    0-based word indices without EOS. weights: (T, S) over the pieces (rows: target, columns: source),
+    read as ``word_weights``."""
+    mass = word_weights(weights, src_pieces, tgt_pieces)  # (Tw, Sw)
+    if mass.numel() == 0:
         return []
-    alignment = []
-    for j, rows in enumerate(tgt_words):
-        row = weights[rows].mean(dim=0)  # (S,)
-        mass = [float(row[cols].sum()) for cols in src_words]
-        best = max(range(len(mass)), key=mass.__getitem__)
-        alignment.append((best, j, mass[best]))
-    return alignment
+    best = mass.argmax(dim=1).tolist()  # (Tw,): the first of equal maxima
+    return [(i, j, float(mass[j, i])) for j, i in enumerate(best)]
 
 
 def align_source_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
     """For each source word, the target word that attends to it most: (source word, target word, weight),
-    0-based word indices without EOS, the other direction of ``align_words`` on the same word weights
-    (a target word's row the mean of its pieces' rows, a source word's column the sum of its pieces')."""
-    src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
-    tgt_words = [rows for w, rows in group_words(tgt_pieces) if w != "</s>"]
-    if not src_words or not tgt_words:
+    0-based word indices without EOS, the other direction of ``align_words`` on the same ``word_weights``."""
+    mass = word_weights(weights, src_pieces, tgt_pieces)  # (Tw, Sw)
+    if mass.numel() == 0:
         return []
-    by_word = torch.stack([weights[rows].mean(dim=0) for rows in tgt_words])  # (Tw, S)
-    mass = torch.stack([by_word[:, cols].sum(dim=1) for cols in src_words], dim=1)  # (Tw, Sw)
     best = mass.argmax(dim=0).tolist()  # (Sw,)
     return [(i, j, float(mass[j, i])) for i, j in enumerate(best)]
 

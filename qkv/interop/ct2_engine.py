@@ -278,8 +278,9 @@ class CTranslate2Translator(Translator):
                      if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config))]
             if again:
                 guarded = replace(self.config, no_repeat_ngram_size=self.config.loop_guard, loop_guard=0)
-                redone = ct2_translate_ids(self.engine, self.tokenizer, [src_ids[i] for i in again], guarded, max_len=self.model.config.max_len,
-                                           max_tokens=self.batch_tokens([src_ids[i] for i in again]), use_vmap=self.use_vmap)
+                looping = [src_ids[i] for i in again]
+                redone = ct2_translate_ids(self.engine, self.tokenizer, looping, guarded, max_len=self.model.config.max_len,
+                                           max_tokens=self.batch_tokens(looping), use_vmap=self.use_vmap)
                 for i, tokens in zip(again, redone):
                     found[i] = tokens
         return [[Hypothesis(tokens, math.nan, math.nan)] for tokens in found]

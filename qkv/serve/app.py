@@ -431,7 +431,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def default_searches(engine: str, device: str | torch.device) -> int:
+def default_searches(device: str | torch.device) -> int:
     """Batches ``qkv serve`` searches at once: on the CPU, one per thread up to two (qkv's search then runs
     each on its share of the threads; CTranslate2 splits each over all of its own, ``CTranslate2Translator``);
     one on a GPU. Measured on 2 cores: benchmarks/results/serve-throughput."""
@@ -461,7 +461,7 @@ def serve(
 
     from qkv.model.cpu import tune_allocator
 
-    searches = default_searches(engine, device) if searches is None else searches
+    searches = default_searches(device) if searches is None else searches
     if searches < 1:
         raise QkvError(f"--searches must be at least 1, got {searches}")
     if engine == "qkv" and torch.device(device).type == "cpu":

@@ -166,8 +166,6 @@ class Batcher:
             raise ValueError(f"searches must be at least 1, got {searches}")
         self.searches = searches  # batches searched at once, each in a model thread
         self._executor = ThreadPoolExecutor(searches, thread_name_prefix="qkv-translate")
-        self._free: asyncio.Semaphore | None = None  # model threads without a batch (made in start())
-        self._idle = searches
         self._running: set[asyncio.Task] = set()  # the batches handed to model threads, until answered
         self._decoding: dict[int, list[Job]] = {}  # model thread's ident -> the jobs it works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
@@ -260,8 +258,6 @@ class Batcher:
     def start(self) -> None:
         # The queue is made here, inside the server's event loop.
         self._queue = asyncio.Queue()
-        self._free = asyncio.Semaphore(self.searches)
-        self._idle = self.searches  # model threads without a batch, besides the one a batch being formed takes
         self._task = asyncio.create_task(self._run(), name="qkv-batcher")
 
     async def close(self) -> None:
@@ -326,9 +322,10 @@ class Batcher:
             return [], True
         batch, sentences, tokens, work = [first], len(first.src_ids), first.n_tokens, first.work
         deadline = time.monotonic() + self.max_wait
+        idle = self.searches - 1 - len(self._running)  # model threads free besides the one this batch will take
         while sentences < self.max_batch_sentences and tokens < self.max_batch_tokens and work < self.max_batch_work:
             waiting = len(batch) + self._queue.qsize() + (self._held is not None)
-            if self._idle and len(batch) >= -(-waiting // (self._idle + 1)):
+            if idle and len(batch) >= -(-waiting // (idle + 1)):
                 break
             try:
                 job = await self._next(max(deadline - time.monotonic(), 0.0))
@@ -352,8 +349,8 @@ class Batcher:
     async def _run(self) -> None:
         stopping = False
         while not stopping or self._held is not None:
-            await self._free.acquire()  # a model thread is free: only then is the next batch formed
-            self._idle -= 1
+            while len(self._running) >= self.searches:  # a model thread is free: only then is the next batch formed
+                await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
             if stopping:  # the sentinel came while a request was held back: finish that one too
                 batch = [self._held]
                 self._held = None
@@ -366,17 +363,14 @@ class Batcher:
             await asyncio.gather(*self._running)
 
     async def _translate_batch(self, batch: list[Job]) -> None:
-        """One batch's groups, one after the other in one model thread; then the thread is free again."""
-        try:
-            groups: dict[Settings, list[Job]] = {}
-            for job in batch:
-                if not job.abandoned:  # a dropped request was counted by its handler
-                    groups.setdefault(job.settings.search(), []).append(job)
-            for settings, jobs in groups.items():
-                await self._translate(settings, jobs)
-        finally:
-            self._idle += 1
-            self._free.release()
+        """One batch's groups, one after the other in one model thread (its task leaves ``_running``
+        when done: the thread is free again)."""
+        groups: dict[Settings, list[Job]] = {}
+        for job in batch:
+            if not job.abandoned:  # a dropped request was counted by its handler
+                groups.setdefault(job.settings.search(), []).append(job)
+        for settings, jobs in groups.items():
+            await self._translate(settings, jobs)
 
     async def _translate(self, settings: Settings, jobs: list[Job]) -> None:
         """One group in the model thread. If it fails, each request is retried alone, so that only the
