@@ -13,8 +13,9 @@ readings (``METHODS``; ``qkv.inspect.contributions``):
 highest (``align_words``), or ``source``, each source word linked with the target word that scores it
 highest (``align_source_words``), the same weights read the other way. A model trained with guided
 alignment is read at its head from the source side by default: on the En-De gold set of Multi30k val
-(benchmarks/gold/multi30k-val.en-de), AER 14.5 against 20.7 from the target side (runs/en-de-aligned,
-docs/translation.md); any other model from the target side, as it was chosen.
+(benchmarks/gold/multi30k-val.en-de), AER 14.5 against 20.7 from the target side for a causal head,
+10.0 against 14.5 for a full-context one (docs/translation.md); any other model from the target side,
+as it was chosen.
 
 ``row`` says where a target word is read: ``predict``, the decoder position that predicts it (what the
 pictures show), or ``input``, the position where it is the decoder's input (Shift-Att, Chen et al.,

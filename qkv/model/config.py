@@ -162,7 +162,7 @@ class ModelConfig:
     output_bias: bool = False  # a bias on the output projection (Marian's final-logits bias)
     pad_id: int = 0  # >= 0 and inside both vocabularies; read from the tokenizer when a model is built for data
     alignment_layer: int | None = None  # the decoder layer (0-based) whose first cross-attention head guided alignment trains to align (qkv.train.alignment); None: no such head
-    alignment_context: AlignmentContext | None = None  # what that head's pass sees of the target: "full" (every target token, no causal mask; Garg et al. 2019's full-context alignment) or "causal" (the tokens before each, as the search does; None: causal, the default, chosen on val: docs/training.md#guided-alignment)
+    alignment_context: AlignmentContext | None = None  # what that head's pass sees of the target: "full" (every target token, no causal mask; Garg et al. 2019's full-context alignment) or "causal" (the tokens before each, as the search does; None: causal, as checkpoints without the key were trained; a new head of qkv train gets qkv.train.alignment.default_context's, chosen on val: docs/training.md#guided-alignment)
 
     def __post_init__(self) -> None:
         check_types(self, "model")

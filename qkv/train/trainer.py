@@ -129,7 +129,7 @@ class Trainer:
         tokenizer, new_tokenizer = run_tokenizer(self.run_dir, data.vocab_size, train.seed, self.train_data, init_from=init_from,
                                                  prepared=prepared, start_over=start_over, main=main)
         writer = open_tensorboard(tensorboard) if tensorboard and main else None
-        model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed)
+        model = None if tokenizer is None else self._new_model(model_config, tokenizer, train.seed, fine_tune=init_from is not None)
         ids = None if tokenizer is None else self._pair_ids(prepared, tokenizer, model.config)
         links = None if ids is None else self._alignment_links(ids[1])  # eflomal's, before anything is deleted
         self.deleted = clear_run(self.run_dir) if start_over and main and self.run_dir.is_dir() else []
@@ -143,7 +143,7 @@ class Trainer:
         distributed.barrier(self.dist)  # the other ranks read the tokenizer rank 0 has just written
         if tokenizer is None:
             tokenizer = load_tokenizer(tokenizer_path)
-            model = self._new_model(model_config, tokenizer, train.seed)
+            model = self._new_model(model_config, tokenizer, train.seed, fine_tune=init_from is not None)
             ids = self._pair_ids(prepared, tokenizer, model.config)
             links = self._alignment_links(ids[1])
         self.train_links = None if links is None else links[0]  # per training pair, (n, 2) source-target piece positions
@@ -204,15 +204,18 @@ class Trainer:
         return alignment.run_links(self.run_dir, train_ids.src_ids, train_ids.tgt_ids, seed=self.train_cfg.seed,
                                    log=lambda m: print(m, file=sys.stderr) if self.dist.is_main else None)
 
-    def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int) -> Transformer:
-        """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device."""
+    def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int, *, fine_tune: bool = False) -> Transformer:
+        """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device. A new
+        alignment head is trained in the pass ``alignment.default_context(fine_tune)`` names unless the model
+        config names one (``fine_tune``: the weights come from a parent, --init-from)."""
         config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
         if self.train_cfg.alignment:  # guided alignment trains a head: the model records which one
             alignment.check_alignment_settings(self.train_cfg.alignment, self.data_cfg, config.n_decoder_layers)
             if self.train_cfg.rdrop:
                 raise ConfigError("guided alignment (--train alignment) and R-Drop (--train rdrop) are not combined: choose one")
-            if config.alignment_layer is None:
-                config = config.replace(alignment_layer=alignment.default_alignment_layer(config.n_decoder_layers))
+            if config.alignment_layer is None:  # a new head: the penultimate layer's
+                config = config.replace(alignment_layer=alignment.default_alignment_layer(config.n_decoder_layers),
+                                        alignment_context=config.alignment_context or alignment.default_context(fine_tune))
         torch.manual_seed(seed)
         try:
             return Transformer(config).to(self.device)
