@@ -27,7 +27,11 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   cut that flags at most ``MAX_FALSE_ALARMS`` of the references and acceptable translations and more of
   its kind. References shorter than four words make no such pairs: the flags are then
   ``LOGPROB_ONLY``'s, which read the text alone.
-- the caps: each flag of ``CAPPED`` in turn caps the confidence at ``FLAG_CAP`` (``capping``) only where,
+- the caps: ``detached`` always caps the confidence at ``FLAG_CAP`` (``ALWAYS_CAPPED``: a translation of
+  another sentence is an override, not a matter of ranking; on val it moves too few lines to be
+  judged there, 26 to 30 of 1,141, and the choice flipped between two runs of one recipe on changes of
+  0.0003 ROC AUC, while on the labelled natural pairs made from val its cap decides the ranking of the
+  hallucinations: docs/trust.md); each other flag of ``CAPPED`` in turn caps (``capping``) only where,
   with the caps kept before it, capping the validation translations it flags lowers neither the
   out-of-fold ROC AUC of the acceptable ones nor the Spearman correlation with chrF (``choose_capping``:
   a flag that fires on correct names and cognates, as ``copy`` can, keeps its flag but moves no
@@ -57,6 +61,7 @@ MAX_FEATURES = 3  # logprob_mean and at most two more
 MIN_GAIN = 0.005  # cross-validated ROC AUC a feature must add
 FOLDS = 5
 MIN_CLASS = 10  # acceptable and unacceptable translations each needed to fit the confidence
+ALWAYS_CAPPED = ("detached",)  # flags that cap whatever the validation ranking says (module docstring)
 JOIN_EVERY = 8  # every 8th validation pair is also joined with the next into one line
 MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
 # Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
@@ -232,9 +237,9 @@ def cut_table(confidence: list[float], good: list[bool], cuts: tuple[float, ...]
 
 
 def choose_capping(confidence: list[float], flags: list[list[str]], chrf: list[float], good: list[bool]) -> tuple[list[str], list[dict]]:
-    """The flags of ``CAPPED`` that cap (module docstring), from each translation's out-of-fold
-    ``confidence``, its ``flags`` and sentence ``chrf``; and per flag what capping did: the lines it
-    flags and the ROC AUC and Spearman with and without its cap."""
+    """The flags of ``CAPPED`` that cap (module docstring: ``ALWAYS_CAPPED``'s and those chosen), from each
+    translation's out-of-fold ``confidence``, its ``flags`` and sentence ``chrf``; and per flag what
+    capping did: the lines it flags and the ROC AUC and Spearman with and without its cap."""
     def measure(values: list[float]) -> tuple[float, float]:
         return ranks_acceptable(values, good), spearman(values, chrf)
 
@@ -242,7 +247,7 @@ def choose_capping(confidence: list[float], flags: list[list[str]], chrf: list[f
     for flag in CAPPED:
         with_cap = [min(c, FLAG_CAP) if flag in f else c for c, f in zip(current, flags)]
         (auc, rho), (auc_capped, rho_capped) = measure(current), measure(with_cap)
-        caps = not (auc_capped < auc or rho_capped < rho)  # nan (one kind only) compares False: kept
+        caps = flag in ALWAYS_CAPPED or not (auc_capped < auc or rho_capped < rho)  # nan (one kind only) compares False: kept
         steps.append({"flag": flag, "flagged": sum(flag in f for f in flags), "caps": caps, "roc_auc": [auc, auc_capped],
                       "spearman": [rho, rho_capped]})
         if caps:

@@ -108,6 +108,22 @@ def test_a_flag_caps_the_confidence_only_where_capping_ranks_the_validation_tran
         check_calibration(calibration | {"capping": ["omission"]}, "confidence.json")
 
 
+def test_detached_caps_even_where_capping_ranks_the_validation_translations_worse():
+    """``detached`` is an override (ALWAYS_CAPPED): flagged on good lines its cap lowers the val ranking and
+    it caps all the same, where copy on the same lines does not."""
+    rng = random.Random(4)
+    confidence = [rng.random() for _ in range(200)]
+    chrf = [100 * c + rng.gauss(0, 5) for c in confidence]
+    good = [c >= 50 for c in chrf]
+    best = sorted(range(200), key=chrf.__getitem__)[-10:]
+    for flag in ("detached", "copy"):
+        flags = [[flag] if i in best else [] for i in range(200)]
+        kept, steps = choose_capping(confidence, flags, chrf, good)
+        step = next(s for s in steps if s["flag"] == flag)
+        assert step["roc_auc"][1] < step["roc_auc"][0]  # capping those lines ranks val worse
+        assert (flag in kept) == (flag == "detached") == step["caps"]
+
+
 def test_calibration_judges_a_line_whole_or_by_its_sentences_as_asked(random_checkpoint, tmp_path, monkeypatch):
     """qkv calibrate judges each validation line whole, as qkv score --confidence reads a line (the
     module docstring says why); calibrate(text=...) cuts a line into sentences and recases them as
