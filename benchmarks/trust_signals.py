@@ -21,7 +21,6 @@ each alone and with one candidate added. ``qkv calibrate`` admits a feature that
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from qkv.cli.common import LOOP_GUARD
-from qkv.data.corpus import collate
+from qkv.data.corpus import collate, read_lines
 from qkv.infer.bleu import sentence_chrf
 from qkv.infer.search import DecodeConfig
 from qkv.infer.translator import Translator
@@ -43,7 +42,9 @@ CANDIDATES = ("empty_lp", "contrast", "dropout_mean", "dropout_std")
 
 
 def mean_logprobs(model, tok, src_ids: list[list[int]], tgt_ids: list[list[int]], batch: int = 64) -> list[float]:
-    """Each target's mean token log-probability (EOS included) given its source, teacher-forced."""
+    """Each target's mean token log-probability (EOS included) given its source, teacher-forced, in the
+    model's current mode (``qkv.infer.score.target_log_probs`` switches to eval, which the dropout passes
+    must not)."""
     out = []
     for k in range(0, len(src_ids), batch):
         src, tgt_in, tgt_out = collate(src_ids[k:k + batch], tgt_ids[k:k + batch], pad_id=tok.pad_id,
@@ -63,8 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     loaded = checkpoint.load(args.checkpoint)
     model, tok = loaded.model.eval(), loaded.tokenizer
-    read = lambda split: gzip.open(Path(args.data_dir) / f"{split}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
-    sources, references = read("val.en"), read("val.de")
+    sources, references = (read_lines(Path(args.data_dir) / f"val.{lang}.gz") for lang in ("en", "de"))
     joined_src, joined_ref = provoking_pairs(sources, references)
     inputs, refs = sources + joined_src, references + joined_ref
     started = time.time()

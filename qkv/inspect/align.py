@@ -139,11 +139,11 @@ def align(
                 results[i] = [(s, t) for t, s in enumerate(best)]
             elif pieces:  # each source piece with the target piece that attends to it most
                 best = w[:-1, :-1].argmax(dim=0).tolist()  # (S-1,)
-                results[i] = sorted((s, t) for s, t in enumerate(best))
+                results[i] = list(enumerate(best))  # (source, target), in source order
             elif link == "target":
                 results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
             else:
-                results[i] = sorted((s, t) for s, t, _ in align_source_words(w, src_pieces, tgt_pieces))
+                results[i] = [(s, t) for s, t, _ in align_source_words(w, src_pieces, tgt_pieces)]  # in source order
     return results
 
 

@@ -30,8 +30,8 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
 - the caps: ``detached`` always caps the confidence at ``FLAG_CAP`` (``ALWAYS_CAPPED``: a translation of
   another sentence is an override, not a matter of ranking; on val it moves too few lines to be
   judged there, 26 to 30 of 1,141, and the choice flipped between two runs of one recipe on changes of
-  0.0003 ROC AUC, while on the labelled natural pairs made from val its cap decides the ranking of the
-  hallucinations: docs/trust.md); each other flag of ``CAPPED`` in turn caps (``capping``) only where,
+  0.0003 ROC AUC, while on the labelled natural pairs made from val its cap raised the ranking of the
+  hallucinations, 0.876 to 0.883: docs/trust.md); each other flag of ``CAPPED`` in turn caps (``capping``) only where,
   with the caps kept before it, capping the validation translations it flags lowers neither the
   out-of-fold ROC AUC of the acceptable ones nor the Spearman correlation with chrF (``choose_capping``:
   a flag that fires on correct names and cognates, as ``copy`` can, keeps its flag but moves no

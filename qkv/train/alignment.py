@@ -201,9 +201,9 @@ def default_alignment_layer(n_decoder_layers: int) -> int:
 
 
 def default_context(fine_tune: bool) -> str:
-    """The pass a new head is trained and read in when none is given (``ModelConfig.alignment_context``),
+    """The pass a new head is trained and read in when neither its layer nor its context is given
+    (``ModelConfig.alignment_context``; ``qkv train`` places the head itself),
     each chosen on the Multi30k val gold set (docs/training.md#guided-alignment): ``full`` for a model
     trained from its first update (AER 10.0 against 14.5 causal, 2,221 updates, val BLEU 35.96 against
     35.43), ``causal`` for a head added by fine-tuning (22.9 against 27.4 full after 300 updates)."""
     return "causal" if fine_tune else "full"
-

@@ -206,8 +206,9 @@ class Trainer:
 
     def _new_model(self, config: ModelConfig, tokenizer: Tokenizer | MarianTokenizer, seed: int, *, fine_tune: bool = False) -> Transformer:
         """The run's model, its vocabulary from ``tokenizer``, initialised from ``seed``, on its device. A new
-        alignment head is trained in the pass ``alignment.default_context(fine_tune)`` names unless the model
-        config names one (``fine_tune``: the weights come from a parent, --init-from)."""
+        alignment head placed here (no ``alignment_layer`` given) is trained in the pass
+        ``alignment.default_context(fine_tune)`` names unless the model config names one (``fine_tune``: the
+        weights come from a parent, --init-from)."""
         config = config.replace(src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
         if self.train_cfg.alignment:  # guided alignment trains a head: the model records which one
             alignment.check_alignment_settings(self.train_cfg.alignment, self.data_cfg, config.n_decoder_layers)
