@@ -9,6 +9,7 @@ The package is layered; each layer imports only from itself and the layers befor
     qkv.infer                  search, the Translator, workers, ensembles, scores, BLEU
     qkv.train, qkv.interop     training; Marian (OPUS-MT) and CTranslate2 formats
     qkv.inspect                attention step by step, pictures, traces, self-checks, the demo
+    qkv.document               documents (HTML, Markdown, subtitles, PO): readers, writers, markup placement
     qkv.serve                  the HTTP server
     qkv.cli                    the command line
 
@@ -40,6 +41,7 @@ _LAZY = {  # name -> module, imported when the name is first used
     "assess": "qkv.inspect.trust",
     "translate_with_confidence": "qkv.inspect.trust",
     "TextOptions": "qkv.data.sentences",
+    "translate_document": "qkv.document.translate",
 }
 
 __all__ = ["ModelConfig", "MultiHeadAttention", "Transformer", "model_preset", "scaled_dot_product_attention", *_LAZY]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from qkv.errors import QkvError
+from qkv.document.formats import FORMATS
 from qkv.infer.shortlist import DEFAULT_FREQUENT, DEFAULT_K
 from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.glossary import aligner, glossary_args, glossary_writer, load_glossary, term_summary
@@ -37,6 +38,12 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
     confidence_arg(p, "after each translation, whether to trust it")
     glossary_args(p, report=True)
+    p.add_argument("--format", choices=FORMATS,
+                   help="translate a whole document, its markup, placeholders and structure kept (docs/documents.md): "
+                        "html, markdown, srt, vtt, po, or text (lines, with placeholders kept); default: from the "
+                        "--input file's extension (.html, .md, .srt, .vtt, .po), else lines of plain text")
+    p.add_argument("--lang", help="with a document: the target language written into it (HTML's lang, a PO header's "
+                                  "Language; default: the checkpoint's target language)")
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)
@@ -63,7 +70,16 @@ def translate(args: argparse.Namespace) -> int:
     glossary = load_glossary(args)
     if glossary is not None and args.confidence and args.glossary_report:
         raise QkvError("--glossary-report and --confidence each write a line of their own: choose one")
+    from qkv.cli.document import check_document_args, document_format
+
+    document = args.format or document_format(args.input)
+    if document:
+        check_document_args(args)
     model, tokenizer = decoding_model(args)
+    if document:
+        from qkv.cli.document import translate_document_command
+
+        return translate_document_command(args, document, model, tokenizer, glossary, inputs, reads)
     translator = translator_of(args, model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                                workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
     annotate = annotator(args, model, tokenizer) if args.confidence else None

@@ -15,6 +15,7 @@ import warnings
 # Each module registers its commands; `qkv --help` lists them in ORDER.
 from qkv.cli import decode as cli_decode
 from qkv.cli import distill as cli_distill
+from qkv.cli import document as cli_document  # noqa: F401
 from qkv.cli import glossary as cli_glossary  # noqa: F401
 from qkv.cli import inspect as cli_inspect
 from qkv.cli import interop as cli_interop
@@ -24,7 +25,7 @@ from qkv.cli import trust as cli_trust  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
-ORDER = ("doctor", "split", "prepare", "train", "distill", "translate", "evaluate", "calibrate", "pseudo-terms", "shortlist", "average", "serve", "export", "import",
+ORDER = ("doctor", "split", "prepare", "train", "distill", "translate", "markup", "evaluate", "calibrate", "pseudo-terms", "shortlist", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
 

@@ -40,7 +40,7 @@ from qkv.model.transformer import Transformer
 from qkv.data.text_tokenizer import TextTokenizer
 from qkv.infer.translator import Translator, length_batches
 from qkv.inspect.contributions import contributions, reading
-from qkv.inspect.visualize import align_source_words, align_words
+from qkv.inspect.visualize import align_source_words, align_words, word_weights
 
 METHODS = ("attention", "norm", "alti")
 ROWS = ("input", "predict")
@@ -118,7 +118,25 @@ def align(
             warnings.warn(f"a target longer than the model's {limit} positions was cut to fit; its words past them are not aligned", stacklevel=2)
         tgt_ids = [ids[:limit] for ids in tgt_ids]
     results: list[list[tuple[int, int]]] = [[] for _ in sources]
-    todo = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
+    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, row, max_tokens):
+        if pieces and link == "target":  # each target piece with the source piece it attends to most, EOS on neither side
+            best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
+            results[i] = [(s, t) for t, s in enumerate(best)]
+        elif pieces:  # each source piece with the target piece that attends to it most
+            best = w[:-1, :-1].argmax(dim=0).tolist()  # (S-1,)
+            results[i] = list(enumerate(best))  # (source, target), in source order
+        elif link == "target":
+            results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
+        else:
+            results[i] = [(s, t) for s, t, _ in align_source_words(w, src_pieces, tgt_pieces)]  # in source order
+    return results
+
+
+def _piece_weights(model: Transformer, tokenizer: TextTokenizer, src_ids: list[list[int]], tgt_ids: list[list[int]],
+                   method: str, layer: int, head: int | None, row: str, max_tokens: int):
+    """(index, (T, S) weights of the pair's pieces with EOS, source pieces, target pieces) for each pair
+    with both sides non-empty, read in batches of similar length."""
+    todo = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
     device = next(model.parameters()).device
     lengths = [max(len(src_ids[i]), len(tgt_ids[i])) for i in todo]
     for batch in length_batches(lengths, max_tokens=max_tokens, max_sentences=256):
@@ -133,18 +151,27 @@ def align(
         for b, i in enumerate(indices):
             src_pieces = tokenizer.pieces([*src_ids[i], tokenizer.eos_id])
             tgt_pieces = tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id])
-            w = cross[b, : len(tgt_pieces), : len(src_pieces)]  # this sentence, without padding
-            if pieces and link == "target":  # each target piece with the source piece it attends to most, EOS on neither side
-                best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
-                results[i] = [(s, t) for t, s in enumerate(best)]
-            elif pieces:  # each source piece with the target piece that attends to it most
-                best = w[:-1, :-1].argmax(dim=0).tolist()  # (S-1,)
-                results[i] = list(enumerate(best))  # (source, target), in source order
-            elif link == "target":
-                results[i] = [(s, t) for s, t, _ in align_words(w, src_pieces, tgt_pieces)]
-            else:
-                results[i] = [(s, t) for s, t, _ in align_source_words(w, src_pieces, tgt_pieces)]  # in source order
-    return results
+            yield i, cross[b, : len(tgt_pieces), : len(src_pieces)], src_pieces, tgt_pieces  # without padding
+
+
+@torch.inference_mode()
+def word_weight_matrices(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,
+                         max_tokens: int = 4096) -> list[torch.Tensor]:
+    """(target words, source words) weights of each pair, read as ``align`` reads the model by default
+    (its alignment head where it was trained with one; ``default_reading``) and merged into the words
+    of the detokenized text as ``word_weights`` merges them. An empty side gives an empty matrix.
+    What a document's markup is placed by (``qkv.document.placement``)."""
+    if len(targets) != len(sources):
+        raise QkvError(f"{len(sources)} sources but {len(targets)} targets: one target per source")
+    method, layer, head = default_reading(model.config)
+    model.eval()
+    limit = model.config.max_len - 1
+    src_ids = [tokenizer.encode(s)[:limit] for s in sources]
+    tgt_ids = [tokenizer.encode_target(t)[:limit] for t in targets]
+    out = [torch.zeros(len(t.split()), len(s.split())) for s, t in zip(sources, targets)]
+    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, DEFAULT_ROW, max_tokens):
+        out[i] = word_weights(w, src_pieces, tgt_pieces).cpu()
+    return out
 
 
 def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None) -> torch.Tensor:

@@ -11,7 +11,7 @@ import qkv
 
 PACKAGE = Path(qkv.__file__).parent
 # Bottom to top; the layers of one row may import each other's modules, none imports a row above.
-LAYERS = [("errors",), ("model", "data"), ("io",), ("infer",), ("train", "interop"), ("inspect",), ("serve",), ("cli",)]
+LAYERS = [("errors",), ("model", "data"), ("io",), ("infer",), ("train", "interop"), ("inspect",), ("document",), ("serve",), ("cli",)]
 RANK = {name: rank for rank, row in enumerate(LAYERS) for name in row}
 
 

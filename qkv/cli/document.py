@@ -1,0 +1,102 @@
+"""The ``qkv`` commands for documents: ``translate --format`` (its document path) and ``markup``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv.errors import QkvError
+from qkv.cli.common import command, decode_config, decoding_shortlist, text_options, translator_of
+from qkv.document.formats import FORMATS
+
+
+def document_format(path: str | None) -> str | None:
+    """The document format an --input file's extension names (plain .txt stays lines), or None."""
+    from qkv.document.formats import format_of
+
+    found = format_of(path)
+    return None if found == "text" else found
+
+
+def check_document_args(args: argparse.Namespace) -> None:
+    """What a document cannot be translated with, refused before anything loads."""
+    for flag, given in (("--n-best", args.n_best > 1), ("--sampling", args.sampling), ("--trace", args.trace),
+                        ("--glossary-report", args.glossary_report)):
+        if given:
+            raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
+
+
+def read_document(path: str | None) -> str:
+    """A whole document, from a file or stdin, as UTF-8 text (a one-line error where it is not)."""
+    raw = open(path, "rb").read() if path else getattr(sys.stdin, "buffer", sys.stdin).read()
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise QkvError(f"{path or 'standard input'}, line {line}: not UTF-8 text (byte {error.start})") from None
+
+
+def translate_document_command(args: argparse.Namespace, format: str, model, tokenizer, glossary, inputs, reads) -> int:
+    """``qkv translate --format F``: the whole input translated as one document, written whole (to -o only
+    once it is done: nothing is written on failure). With --confidence, a line per segment on stderr:
+    where it is, its confidence and flags."""
+    import json
+
+    from qkv.io import checkpoint
+    from qkv.io.outputs import output_or_stdout
+    from qkv.cli.trust import trust_model
+    from qkv.document.translate import translate_document
+
+    text = read_document(args.input)
+    own, _, calibration = trust_model(args, model, tokenizer, notice=bool(args.confidence))
+    lang = args.lang or (checkpoint.read_config(args.checkpoint[0]).get("data") or {}).get("tgt_lang")
+    translator = translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens,
+                               workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
+    with translator:
+        result = translate_document(translator, text, format, target_lang=lang, glossary=glossary,
+                                    glossary_always=args.glossary_always, confidence=bool(args.confidence),
+                                    calibration=calibration, model=own)
+    with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
+        sink.write(result.text)
+    if args.confidence:
+        for report in result.segments:
+            if args.confidence == "json":
+                print(json.dumps(report.as_dict(), ensure_ascii=False), file=sys.stderr)
+            else:
+                print(f"{report.where}\t{report.confidence:.3f}\t{','.join(report.flags) or '-'}", file=sys.stderr)
+    return 0
+
+
+def _markup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/) whose alignment places the markup")
+    p.add_argument("--format", choices=[f for f in FORMATS if f not in ("srt", "vtt")],
+                   help="the documents' format (default: from --source's extension)")
+    p.add_argument("--source", required=True, help="the source document, with its markup")
+    p.add_argument("--input", "-i", help="its translation, the same blocks without inline markup (default: stdin)")
+    p.add_argument("--output", "-o", help="write the translation with the markup placed here (default: stdout)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+
+
+@command("markup", "put a source document's inline markup onto a translation of it (a human one, a post-edit)", _markup_args)
+def markup(args: argparse.Namespace) -> int:
+    from qkv.io import checkpoint
+    from qkv.io.outputs import check_output, output_or_stdout, read_dirs
+    from qkv.document.formats import format_of
+    from qkv.document.translate import place_markup
+
+    inputs, reads = (args.source, args.input), read_dirs([args.checkpoint])
+    if args.output:
+        check_output(args.output, force=args.force, inputs=inputs, reads=reads)
+    format = args.format or format_of(args.source)
+    if format is None:
+        raise QkvError(f"{args.source}: give --format (the extension names no format qkv knows)")
+    if format in ("srt", "vtt"):
+        raise QkvError("subtitles have no inline markup to place: translate them with qkv translate --format")
+    source, translation = read_document(args.source), read_document(args.input)
+    loaded = checkpoint.load(args.checkpoint)
+    text = place_markup(loaded.model, loaded.tokenizer, source, translation, format)
+    with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
+        sink.write(text)
+    return 0

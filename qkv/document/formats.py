@@ -1,0 +1,69 @@
+"""The formats qkv translates as documents: a reader per format, each returning one ``Document``.
+
+``text``: each line a segment, its placeholders kept (``qkv.document.segments.PLACEHOLDER``), its
+indent and line ending as they were; ``html``, ``markdown``, ``srt``, ``vtt`` and ``po``: their own
+modules. ``format_of`` names a file's format by its extension. Every reader is bounded before any
+work: ``MAX_BYTES`` of text (and the HTML reader's element and depth bounds).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.document.segments import Document, flatten, plain_segment
+
+FORMATS = ("text", "html", "markdown", "srt", "vtt", "po")
+EXTENSIONS = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".md": "markdown",
+              ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po", ".pot": "po"}
+MAX_BYTES = 5_000_000
+
+
+def format_of(path: str | Path | None) -> str | None:
+    """The format a file's extension names, or None."""
+    return EXTENSIONS.get(Path(path).suffix.lower()) if path else None
+
+
+def read_text(text: str, target_lang: str | None = None) -> Document:
+    """Plain text: each non-blank line a segment; blank lines, indents and line endings kept."""
+    lines = text.splitlines(keepends=True)
+    segments, slots = [], []
+    for n, line in enumerate(lines):
+        body = line.rstrip("\r\n")
+        if body.strip():
+            segment, lead, trail = plain_segment(body, f"line {n + 1}")
+            slots.append((n, lead, trail, line[len(body) :]))
+            segments.append(segment)
+
+    def write(placed: list[list], reports=None) -> str:
+        out = list(lines)
+        for (n, lead, trail, ending), nodes in zip(slots, placed):
+            out[n] = lead + flatten(nodes, void=lambda tag: tag) + trail + ending
+        return "".join(out)
+
+    return Document(segments, write, "text")
+
+
+def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
+    """``text`` read as a ``format`` document (one of ``FORMATS``)."""
+    if format not in FORMATS:
+        raise QkvError(f"unknown document format {format!r}: one of {', '.join(FORMATS)}")
+    if len(text) > MAX_BYTES:
+        raise QkvError(f"the document has {len(text):,} characters: qkv translates documents of up to {MAX_BYTES:,} (split it)")
+    if format == "text":
+        return read_text(text, target_lang)
+    if format == "html":
+        from qkv.document.html import read_html
+
+        return read_html(text, target_lang)
+    if format == "markdown":
+        from qkv.document.markdown import read_markdown
+
+        return read_markdown(text, target_lang)
+    if format in ("srt", "vtt"):
+        from qkv.document.subtitles import read_srt, read_vtt
+
+        return (read_srt if format == "srt" else read_vtt)(text, target_lang)
+    from qkv.document.po import read_po
+
+    return read_po(text, target_lang)

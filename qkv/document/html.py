@@ -1,0 +1,204 @@
+"""HTML in, HTML out: text blocks translated with their inline elements placed by the alignment.
+
+Parsed by html5lib through Beautiful Soup: html5lib implements the HTML standard's parsing algorithm, so
+malformed HTML is repaired as a browser repairs it (an unclosed ``<p>`` closed, a stray ``</b>``
+dropped, a misnested ``<b><i></b></i>`` rebuilt), and what comes back is what a browser would have
+shown. A page (with ``<html>``, ``<body>`` or a doctype) comes back as a page; a fragment as a fragment.
+
+- Each run of text and inline elements (``INLINE``) between block elements is one segment; block
+  elements, comments between blocks, and every attribute are kept as they are.
+- ``VERBATIM`` elements (``code``, ``pre``, ``script``, ``style``, ...), any element with
+  ``translate="no"`` or the class ``notranslate``, comments inside text, void elements (``<br>``,
+  ``<img>``) and placeholders in the text are kept verbatim and put where the alignment says.
+- ``alt``, ``title`` and ``placeholder`` attributes are translated; the ``lang`` of ``<html>`` is set to the
+  target language.
+- Written out with ``&``, ``<`` and ``>`` escaped in text (Beautiful Soup's "minimal" substitution), any
+  other character (a no-break space, an accent) as itself, attributes in their source order and void
+  elements as HTML writes them (``<br>``, not ``<br/>``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from qkv.errors import QkvError
+from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
+
+INLINE = frozenset("a abbr acronym b bdi bdo big cite data del dfn em font i ins label mark q s small span strike "
+                   "strong sub sup time tt u".split())
+VOID = frozenset("br img wbr input area embed source track".split())
+VERBATIM = frozenset("code kbd samp var pre script style textarea svg math template noscript iframe object".split())
+INLINE_VERBATIM = frozenset("code kbd samp var svg math".split())  # verbatim, but inside a sentence
+TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder")
+# Bounds checked before any translation (``qkv.document.formats.check_size`` bounds the bytes).
+MAX_ELEMENTS = 100_000
+MAX_DEPTH = 200
+_PAGE = re.compile(r"<!doctype|<html[\s>]|<body[\s>]|<head[\s>]", re.IGNORECASE)
+
+
+def _formatter():
+    """Beautiful Soup's minimal escaping, with attributes in their source order (its default sorts them)."""
+    from bs4.formatter import HTMLFormatter
+
+    class SourceOrder(HTMLFormatter):
+        def attributes(self, tag):
+            return list(tag.attrs.items())
+
+    return SourceOrder(entity_substitution=HTMLFormatter.REGISTRY["minimal"].entity_substitution, void_element_close_prefix=None)
+
+
+def _kept(tag) -> bool:
+    """Whether an element is kept verbatim: its name, ``translate="no"`` or the class ``notranslate``."""
+    classes = tag.get("class") or []
+    return (tag.name in VERBATIM or str(tag.get("translate", "")).lower() == "no"
+            or "notranslate" in (classes if isinstance(classes, list) else str(classes).split()))
+
+
+def _is_inline(node) -> bool:
+    from bs4 import NavigableString, Tag
+
+    if isinstance(node, NavigableString):
+        return True
+    return isinstance(node, Tag) and (node.name in INLINE or node.name in VOID or node.name in INLINE_VERBATIM
+                                      or (_kept(node) and node.name in INLINE))
+
+
+def _check_shape(soup) -> None:
+    """Refuse a document with more elements or deeper nesting than ``MAX_ELEMENTS``/``MAX_DEPTH``."""
+    from bs4 import Tag
+
+    count, stack = 0, [(soup, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise QkvError(f"the HTML nests elements more than {MAX_DEPTH} deep: qkv translates documents up to that depth")
+        for child in node.children:
+            if isinstance(child, Tag):
+                count += 1
+                if count > MAX_ELEMENTS:
+                    raise QkvError(f"the HTML has more than {MAX_ELEMENTS:,} elements: split it")
+                stack.append((child, depth + 1))
+
+
+def read_html(text: str, target_lang: str | None = None) -> Document:
+    """An HTML document or fragment as segments and a writer (module docstring)."""
+    from bs4 import BeautifulSoup, Comment, NavigableString, Tag
+
+    soup = BeautifulSoup(text, "html5lib")
+    _check_shape(soup)
+    segments, runs, attributes = [], [], []
+
+    def attributes_of(tag) -> None:
+        for name in TRANSLATED_ATTRIBUTES:
+            value = tag.get(name)
+            if isinstance(value, str) and value.strip():
+                segment, lead, trail = plain_segment(value, f"<{tag.name} {name}>")
+                attributes.append((len(segments), tag, name, lead, trail))
+                segments.append(segment)
+
+    def add(builder: SegmentBuilder, node) -> None:
+        if isinstance(node, Comment) or (isinstance(node, NavigableString) and type(node) is not NavigableString):
+            builder.void(node)  # a comment, CDATA or processing instruction: kept where it was
+        elif isinstance(node, NavigableString):
+            builder.text(str(node))
+        elif node.name in VOID or _kept(node):
+            if node.name in VOID:
+                attributes_of(node)
+            builder.void(node, separates=node.name == "br")
+        else:
+            attributes_of(node)
+            builder.open(node)
+            for child in list(node.children):
+                add(builder, child)
+            builder.close()
+
+    def flush(run: list, parent) -> None:
+        if not any(isinstance(n, Tag) or str(n).strip() for n in run if not isinstance(n, Comment)):
+            return  # whitespace and comments between blocks: left as they are
+        builder = SegmentBuilder()
+        for node in run:
+            add(builder, node)
+        segment = builder.build(f"<{parent.name}> {len(segments) + 1}")
+        if not segment.text.strip():  # only markup (an image alone): its attributes were taken, the rest stays
+            return
+        runs.append((len(segments), run))
+        segments.append(segment)
+
+    def walk(node) -> None:
+        if isinstance(node, Tag) and node.name != "[document]":
+            attributes_of(node)
+        run: list = []
+        for child in list(node.children):
+            if _is_inline(child) and not (isinstance(child, Tag) and child.name in VERBATIM and child.name not in INLINE_VERBATIM):
+                run.append(child)
+                continue
+            flush(run, node)
+            run = []
+            if isinstance(child, Tag) and not _kept(child):
+                walk(child)
+        flush(run, node)
+
+    walk(soup.body if soup.body is not None else soup)
+    if soup.head is not None:
+        for tag in soup.head.find_all("title"):
+            walk(tag)
+    if target_lang and soup.html is not None and _PAGE.search(text):
+        soup.html["lang"] = target_lang
+
+    def write(placed: list[list], reports=None) -> str:
+        for index, run in runs:
+            anchor = soup.new_string("")
+            run[0].insert_before(anchor)
+            lead = _edge(run, first=True)
+            trail = _edge(run, first=False)
+            for node in run:
+                node.extract()
+            new = ([soup.new_string(lead)] if lead else []) + _nodes(soup, placed[index]) + ([soup.new_string(trail)] if trail else [])
+            for node in new:
+                anchor.insert_before(node)
+            anchor.extract()
+        for index, tag, name, lead, trail in attributes:
+            tag[name] = lead + _text(placed[index]) + trail
+        formatter = _formatter()
+        if _PAGE.search(text):
+            return soup.decode(formatter=formatter)
+        head = soup.head.decode_contents(formatter=formatter) if soup.head is not None else ""
+        return head + (soup.body.decode_contents(formatter=formatter) if soup.body is not None else "")
+
+    return Document(segments, write, "html")
+
+
+def _edge(run: list, first: bool) -> str:
+    """The whitespace a run starts (or ends) with, kept outside the translation."""
+    from bs4 import NavigableString
+
+    node = run[0] if first else run[-1]
+    if type(node) is not NavigableString:
+        return ""
+    text = str(node)
+    if not text.strip():
+        return text if first else ("" if len(run) == 1 else text)
+    return text[: len(text) - len(text.lstrip())] if first else text[len(text.rstrip()) :]
+
+
+def _text(nodes: list) -> str:
+    from qkv.document.segments import flatten
+
+    return flatten(nodes, void=lambda tag: str(tag))
+
+
+def _nodes(soup, nodes: list) -> list:
+    """Placed nodes as Beautiful Soup nodes: text as strings, a void as its own (original) node, an
+    element as a new element of the same name and attributes holding its placed children."""
+    out = []
+    for node in nodes:
+        if isinstance(node, str) or (isinstance(node, Void) and isinstance(node.tag, str)):  # text, a placeholder
+            out.append(soup.new_string(node if isinstance(node, str) else node.tag))
+        elif isinstance(node, Void):
+            out.append(node.tag)
+        elif isinstance(node, Element):
+            tag = soup.new_tag(node.tag.name, attrs=dict(node.tag.attrs))
+            for child in _nodes(soup, node.children):
+                tag.append(child)
+            out.append(tag)
+    return out

@@ -1,0 +1,114 @@
+"""Markdown in, Markdown out (CommonMark, with tables and front matter), through markdown-it-py and mdformat.
+
+markdown-it-py parses the document as CommonMark says (with GitHub's tables and a YAML/TOML front
+matter block); each block's inline content (a paragraph, a heading, a table cell, a list item's text)
+is one segment, its emphasis, strong emphasis and links spans over it; code spans, inline HTML, hard
+breaks and autolinks are voids kept verbatim, and an image is a void whose alt text is translated on
+its own. Fenced and indented code, HTML blocks and the front matter are kept as they are. mdformat's
+renderer writes the tokens back, so the output is the same document in mdformat's normal form (its
+emphasis markers, list markers and line breaks: a paragraph comes back on one line).
+"""
+
+from __future__ import annotations
+
+from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
+
+_EXTENSIONS = ("tables", "frontmatter")
+
+
+def _parser():
+    import mdformat.plugins
+    from markdown_it import MarkdownIt
+    from mdformat.renderer import MDRenderer
+
+    md = MarkdownIt("commonmark", renderer_cls=MDRenderer)
+    md.options["mdformat"] = {}
+    md.options["store_labels"] = True  # reference links keep their labels
+    md.options["parser_extension"] = []
+    for name in _EXTENSIONS:  # mdformat-tables and mdformat-frontmatter: their parser rules and renderers
+        plugin = mdformat.plugins.PARSER_EXTENSIONS[name]
+        md.options["parser_extension"].append(plugin)
+        plugin.update_mdit(md)
+    md.options["codeformatters"] = {}
+    return md
+
+
+def read_markdown(text: str, target_lang: str | None = None) -> Document:
+    """A Markdown document as segments and a writer (module docstring)."""
+    md = _parser()
+    env: dict = {}
+    tokens = md.parse(text, env)
+    segments, inlines, alts = [], [], []
+    for token in tokens:
+        if token.type != "inline" or not token.children:
+            continue
+        builder = SegmentBuilder()
+        children = token.children
+        stack: list[list] = []
+        i = 0
+        while i < len(children):
+            child = children[i]
+            if child.type == "link_open" and child.markup == "autolink":  # <https://...>: kept whole
+                end = next(j for j in range(i, len(children)) if children[j].type == "link_close")
+                builder.void(children[i : end + 1])
+                i = end + 1
+                continue
+            if child.type in ("text", "text_special"):
+                builder.text(child.content)
+            elif child.type == "softbreak":
+                builder.text(" ")
+            elif child.type.endswith("_open"):
+                tag = [child, None]
+                stack.append(tag)
+                builder.open(tag)
+            elif child.type.endswith("_close") and stack:
+                stack.pop()[1] = child
+                builder.close()
+            else:  # code_inline, html_inline, hardbreak, image: verbatim
+                if child.type == "image" and child.content.strip():
+                    segment, lead, trail = plain_segment(child.content, f"image line {(token.map or [0])[0] + 1}")
+                    alts.append((len(segments), child, lead, trail))
+                    segments.append(segment)
+                builder.void([child])
+            i += 1
+        segment = builder.build(f"line {(token.map or [0])[0] + 1}")
+        if segment.text.strip():
+            inlines.append((len(segments), token))
+            segments.append(segment)
+
+    def write(placed: list[list], reports=None) -> str:
+        from markdown_it.token import Token
+
+        for index, child, lead, trail in alts:
+            alt = lead + _plain(placed[index]) + trail
+            child.children = [Token("text", "", 0, content=alt)]
+            child.content = alt
+        for index, token in inlines:
+            token.children = _tokens(placed[index], Token)
+        return md.renderer.render(tokens, md.options, env)
+
+    return Document(segments, write, "markdown")
+
+
+def _plain(nodes: list) -> str:
+    from qkv.document.segments import flatten
+
+    return flatten(nodes, void=lambda tag: tag if isinstance(tag, str) else "".join(t.content for t in tag))
+
+
+def _tokens(nodes: list, Token) -> list:
+    out = []
+    for node in nodes:
+        if isinstance(node, str):
+            out.append(Token("text", "", 0, content=node))
+        elif isinstance(node, Void) and isinstance(node.tag, str):  # a placeholder: text again
+            out.append(Token("text", "", 0, content=node.tag))
+        elif isinstance(node, Void):
+            out.extend(node.tag)
+        elif isinstance(node, Element):
+            opening, closing = node.tag
+            out.append(opening)
+            out.extend(_tokens(node.children, Token))
+            if closing is not None:
+                out.append(closing)
+    return out

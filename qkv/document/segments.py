@@ -1,0 +1,195 @@
+"""One representation for every document format: segments of plain text with their inline markup as spans.
+
+A reader (``qkv.document.html``, ``markdown``, ``subtitles``, ``po``, ``text``) turns a document into a
+``Document``: its ``segments`` (what the translator reads, with the inline elements and placeholders
+taken out as ``Span``s over character offsets) and a ``write`` function that puts translated segments
+back into the document's skeleton. The translator sees plain segments only; ``qkv.document.placement``
+puts each span around the words of the translation that its own words align to, and ``render`` turns
+the placed spans into a tree of ``Element`` and ``Void`` nodes with the translated text between them,
+which each format's writer knows how to write.
+
+A ``Span`` is either an element with text of its own (``<b>red</b>``, a Markdown link, a subtitle cue)
+or a void, which has none: ``<br>``, ``<img>``, a comment, a code span kept verbatim, a placeholder
+(``%s``, ``{name}``, a URL). A void sits at a character offset; ``space_before``/``space_after`` say
+whether whitespace separated it from the text on either side, so that it comes back glued or spaced
+as it was.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# What a placeholder is, in every format: kept verbatim, out of the text the model reads, and put back
+# where the alignment says (qkv.document.placement). Longest alternatives first: a URL before its
+# parts, ``%(name)s`` before ``%s``.
+PLACEHOLDER = re.compile(
+    r"""(?:https?|ftp)://[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]"""  # a URL, without a sentence's closing punctuation
+    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address
+    r"|%\([A-Za-z_]\w*\)[-#0 +]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
+    r"|%(?:\d+\$)?[-#0 +']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|j|z|t|L)?[diouxXeEfFgGcspaA%]"  # C's %s, %1$d, %.2f
+    r"|\{\{[^{}\s]*\}\}|\{[A-Za-z_0-9][\w.\[\]!:<>^=+-]*\}|\{\}"  # {name}, {0}, {0:.2f}, {}, {{ var }}-style
+    r"|`[^`\n]+`"  # inline code in plain text
+)
+_SPACE = re.compile(r"[ \t\n\r\f]+")  # HTML's ASCII whitespace: a no-break space is text, not space
+_CLOSING = ",.;:!?)]}\u00bb\u201d"  # punctuation that takes no space before it
+
+
+@dataclass
+class Span:
+    """Markup over ``text[start:end]`` of a segment (character offsets); a void when it holds no text."""
+
+    start: int
+    end: int
+    tag: Any  # what the writer writes back (an emptied HTML element, a Markdown token pair, a cue)
+    parent: int | None = None  # index of the enclosing span in the segment's list
+    void: bool = False
+    placeholder: bool = False  # placeholders keep their order among themselves (msgfmt checks %s %d)
+    space_before: bool = True
+    space_after: bool = True
+
+
+@dataclass
+class Segment:
+    """A piece of a document translated as one: ``text`` is what the model reads (whitespace collapsed,
+    markup taken out), ``spans`` its markup, ``where`` says where it is (for reports and errors).
+    ``cover``: the top-level spans partition the text in order (subtitle cues)."""
+
+    text: str
+    spans: list[Span] = field(default_factory=list)
+    where: str = ""
+    cover: bool = False
+
+
+@dataclass
+class Element:
+    """A placed element: its tag and what it holds (``str``, ``Element`` and ``Void`` nodes)."""
+
+    tag: Any
+    children: list
+
+
+@dataclass
+class Void:
+    """A placed void (``<br>``, a placeholder): its tag."""
+
+    tag: Any
+
+
+@dataclass
+class Document:
+    """A read document: its segments and the writer that puts a rendered node list per segment back."""
+
+    segments: list[Segment]
+    write: Callable[[list[list]], str]
+    format: str = ""
+
+
+class SegmentBuilder:
+    """Builds one segment from a reader's stream of text, element opens and closes, and voids, in document
+    order: whitespace collapsed as HTML does, leading and trailing whitespace dropped."""
+
+    def __init__(self, placeholders: bool = True) -> None:
+        self.parts: list[str] = []
+        self.length = 0
+        self.spans: list[Span] = []
+        self.stack: list[int] = []
+        self.placeholders = placeholders
+        self.last_void: list[int] = []  # voids written since the last text
+        self.synthetic_space_at = -1  # where a separating void (<br>) put a space of its own
+
+    @property
+    def _ends_in_space(self) -> bool:
+        return bool(self.parts) and self.parts[-1].endswith(" ")
+
+    def text(self, text: str) -> None:
+        """Add text; placeholders in it become voids (when the builder was asked for them)."""
+        if not self.placeholders:
+            self._text(text)
+            return
+        at = 0
+        for match in PLACEHOLDER.finditer(text):
+            self._text(text[at : match.start()])
+            self.void(match.group(), placeholder=True, before=text[: match.start()], after=text[match.end() :])
+            at = match.end()
+        self._text(text[at:])
+
+    def _text(self, text: str) -> None:
+        if not text:
+            return
+        text = _SPACE.sub(" ", text)
+        spaced = text.startswith(" ")
+        for i in self.last_void:  # a void is spaced after when whitespace follows it before any text
+            self.spans[i].space_after = spaced or (self.length > self.spans[i].start and self._ends_in_space
+                                                   and self.synthetic_space_at != self.length)
+        if spaced and (not self.parts or self._ends_in_space):
+            text = text[1:]  # no double space, and none at the segment's start
+        if not text:
+            return
+        if self.last_void and self._ends_in_space and text[0] in _CLOSING:  # "Hello {name}, you" reads "Hello, you"
+            self.parts[-1] = self.parts[-1][:-1]
+            self.length -= 1
+            for i in self.last_void:
+                self.spans[i].start = self.spans[i].end = min(self.spans[i].start, self.length)
+        self.last_void = []
+        self.parts.append(text)
+        self.length += len(text)
+
+    def open(self, tag: Any) -> None:
+        self.spans.append(Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None))
+        self.stack.append(len(self.spans) - 1)
+
+    def close(self) -> None:
+        span = self.spans[self.stack.pop()]
+        span.end = self.length
+
+    def void(self, tag: Any, *, placeholder: bool = False, before: str | None = None, after: str | None = None,
+             separates: bool = False) -> None:
+        """A void at the current offset; ``before``/``after``: the raw text around it where the reader has it;
+        ``separates``: the void parts words (``<br>``), so the text the model reads has a space there."""
+        spaced_before = (before[-1:].isspace() if before else self._ends_in_space or not self.parts)
+        span = Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None, void=True,
+                    placeholder=placeholder, space_before=spaced_before or not self.parts,
+                    space_after=True if after is None else (not after or after[0].isspace()))
+        self.spans.append(span)
+        self.last_void.append(len(self.spans) - 1)
+        if separates and self.parts and not self._ends_in_space:
+            self.parts.append(" ")
+            self.length += 1
+            self.synthetic_space_at = self.length
+
+    def build(self, where: str = "", cover: bool = False) -> Segment:
+        """The segment: trailing space dropped, offsets clipped to the text."""
+        while self.stack:  # an element the reader did not close ends with the segment
+            self.close()
+        text = "".join(self.parts)
+        stripped = text.rstrip(" ")
+        for span in self.spans:
+            span.start, span.end = min(span.start, len(stripped)), min(span.end, len(stripped))
+        return Segment(stripped, self.spans, where, cover)
+
+
+def plain_segment(text: str, where: str = "", placeholders: bool = True) -> tuple[Segment, str, str]:
+    """A segment of one string with no markup but its placeholders, and the whitespace around it (kept
+    by the writer: a PO entry's trailing newline, a line's indent)."""
+    lead = text[: len(text) - len(text.lstrip())]
+    trail = text[len(text.rstrip()) :]
+    builder = SegmentBuilder(placeholders)
+    builder.text(text.strip())
+    return builder.build(where), lead, trail
+
+
+def flatten(nodes: list, void: Callable[[Any], str] = str, element: Callable[[Any, str], str] | None = None) -> str:
+    """A rendered node list as a string: text as it is, a void as ``void(tag)``, an element as
+    ``element(tag, inner)`` (default: its inner text alone)."""
+    out = []
+    for node in nodes:
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, Void):
+            out.append(void(node.tag))
+        else:
+            inner = flatten(node.children, void, element)
+            out.append(element(node.tag, inner) if element else inner)
+    return "".join(out)

@@ -1,0 +1,168 @@
+"""Subtitles in, subtitles out: SubRip (.srt, through ``srt``) and WebVTT (.vtt, through ``webvtt-py``).
+
+Cue numbers, identifiers, timings, cue settings and notes are written back as the libraries read them;
+only the cue text changes. A sentence often runs across cues ("I think that" / "we should go."):
+consecutive cues are read as one segment until a cue ends a sentence (``.``, ``!``, ``?``, ``…``, a
+closing quote after them, or a music note), ``MAX_CUES`` cues are read, or a pause of ``MAX_GAP_S``
+seconds comes. The segment is translated whole and each cue's words are put back by the alignment
+(``qkv.document.placement``, ``Segment.cover``: the translation is cut into as many runs as there were
+cues, in order, each run where its cue's words went). A cue's inline tags (``<i>``, ``<b>``, ``<u>``,
+``<font ...>``, WebVTT's ``<v Speaker>`` and ``<c.class>``) are its elements; a cue that had two lines
+comes back cut into two at the space nearest its middle.
+"""
+
+from __future__ import annotations
+
+import re
+
+from qkv.errors import QkvError
+from qkv.document.segments import Document, Element, SegmentBuilder, Void
+
+MAX_CUES = 4
+MAX_GAP_S = 3.0
+_TAG = re.compile(r"<(/?)([A-Za-z][\w.-]*)?[^<>]*>|<\d[\d:.]*>")  # a cue's inline tag (or a WebVTT timestamp)
+_END = re.compile(r"""[.!?\u2026\u266a]["'\u201d\u00bb)\]]*$""")
+
+
+def _cue_text(builder: SegmentBuilder, text: str) -> int:
+    """Add a cue's text to ``builder``, its tags as elements (an unpaired one as a void); returns its line count."""
+    stack: list[str] = []
+    at = 0
+    for match in _TAG.finditer(text):
+        builder.text(text[at : match.start()].replace("\n", " "))
+        closing, name = match.group(1), match.group(2)
+        if name and not closing:
+            builder.open(match.group())
+            stack.append(name.split(".")[0].lower())
+        elif name and stack and stack[-1] == name.split(".")[0].lower():
+            stack.pop()
+            builder.close()
+        else:
+            builder.void(match.group())
+        at = match.end()
+    builder.text(text[at:].replace("\n", " "))
+    while stack:
+        stack.pop()
+        builder.close()
+    return text.count("\n") + 1
+
+
+def _closing_tag(opening: str) -> str:
+    name = re.match(r"<([A-Za-z][\w]*)", opening)
+    return f"</{name.group(1)}>" if name else ""
+
+
+def _string(nodes: list) -> str:
+    out = []
+    for node in nodes:
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, Void):
+            out.append(node.tag)
+        elif isinstance(node, Element):
+            out.append(node.tag + _string(node.children) + _closing_tag(node.tag))
+    return "".join(out)
+
+
+def _lines(text: str, n: int) -> str:
+    """``text`` cut into ``n`` lines at the spaces nearest equal shares (never inside a tag)."""
+    text = text.strip()
+    if n <= 1:
+        return text
+    spaces = [m.start() for m in re.finditer(" ", text) if text.rfind("<", 0, m.start()) <= text.rfind(">", 0, m.start())]
+    cuts = []
+    for k in range(1, n):
+        goal = len(text) * k / n
+        free = [s for s in spaces if s not in cuts and (not cuts or s > cuts[-1])]
+        if not free:
+            break
+        cuts.append(min(free, key=lambda s: abs(s - goal)))
+    pieces, at = [], 0
+    for c in cuts:
+        pieces.append(text[at:c])
+        at = c + 1
+    pieces.append(text[at:])
+    return "\n".join(pieces)
+
+
+def _groups(cues: list[tuple[str, float, float]]) -> list[list[int]]:
+    """Consecutive cue indices read as one segment (module docstring). ``cues``: (text, start s, end s)."""
+    groups, group = [], []
+    for i, (text, start, end) in enumerate(cues):
+        if group and (start - cues[group[-1]][2] > MAX_GAP_S):
+            groups.append(group)
+            group = []
+        group.append(i)
+        plain = _TAG.sub("", text).strip()
+        if not plain or _END.search(plain) or len(group) >= MAX_CUES:
+            groups.append(group)
+            group = []
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _segments(texts: list[str], times: list[tuple[float, float]]):
+    segments, members, lines = [], [], [1] * len(texts)
+    for group in _groups([(t, a, b) for t, (a, b) in zip(texts, times)]):
+        builder = SegmentBuilder()
+        for i in group:
+            builder.text(" ")  # cues part words
+            builder.open(("cue", i))
+            lines[i] = _cue_text(builder, texts[i])
+            builder.close()
+        segments.append(builder.build(f"cue {group[0] + 1}", cover=True))
+        members.append(group)
+    return segments, members, lines
+
+
+def _cue_texts(placed: list[list], members: list[list[int]], lines: list[int], originals: list[str]) -> list[str]:
+    out = list(originals)
+    for nodes, group in zip(placed, members):
+        found = {}
+        for node in nodes:
+            if isinstance(node, Element) and isinstance(node.tag, tuple) and node.tag[0] == "cue":
+                found[node.tag[1]] = _string(node.children).strip()
+        for i in group:
+            text = found.get(i) or "\u2026"  # a cue the translation left no word for (too few words): an ellipsis
+            out[i] = _lines(text, lines[i])
+    return out
+
+
+def read_srt(text: str, target_lang: str | None = None) -> Document:
+    import srt
+
+    try:
+        subtitles = list(srt.parse(text))
+    except srt.SRTParseError as error:
+        line = text.count("\n", 0, error.expected_start) + 1
+        raise QkvError(f"line {line}: not a SubRip cue (number, 'start --> end', text)") from None
+    texts = [s.content for s in subtitles]
+    segments, members, lines = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
+
+    def write(placed: list[list], reports=None) -> str:
+        for subtitle, content in zip(subtitles, _cue_texts(placed, members, lines, texts)):
+            subtitle.content = content
+        return srt.compose(subtitles, reindex=False, strict=False)
+
+    return Document(segments, write, "srt")
+
+
+def read_vtt(text: str, target_lang: str | None = None) -> Document:
+    import webvtt
+    from webvtt.errors import MalformedFileError
+
+    try:
+        vtt = webvtt.from_string(text)
+    except MalformedFileError as error:
+        raise QkvError(f"not a WebVTT file: {error}") from None
+    captions = vtt.captions
+    texts = [c.raw_text for c in captions]
+    segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions])
+
+    def write(placed: list[list], reports=None) -> str:
+        for caption, content in zip(captions, _cue_texts(placed, members, lines, texts)):
+            caption.text = content
+        return vtt.content
+
+    return Document(segments, write, "vtt")

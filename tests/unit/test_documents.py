@@ -1,0 +1,296 @@
+"""The document layer without a model: each format's reader and writer, and the placement of markup on a
+translation by given word alignments (qkv.document)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from bs4 import BeautifulSoup
+
+from qkv.document.formats import read
+from qkv.document.placement import place
+from qkv.document.segments import Element, SegmentBuilder, Void, flatten
+from qkv.errors import QkvError
+
+
+def translated(text: str, format: str, change=str.upper, **kwargs) -> str:
+    """``text`` read, each segment "translated" by ``change`` word for word, placed and written back."""
+    document = read(text, format, **kwargs)
+    return document.write([place(s, change(s.text), None) for s in document.segments])
+
+
+def tagged(nodes) -> str:
+    return flatten(nodes, void=lambda tag: f"<{tag}/>", element=lambda tag, inner: f"<{tag}>{inner}</{tag}>")
+
+
+def segment(*parts):
+    """A segment from ("text", s), ("open", tag), ("close",), ("void", tag) parts."""
+    builder = SegmentBuilder()
+    for kind, *arg in parts:
+        getattr(builder, kind)(*arg)
+    return builder.build()
+
+
+def one_hot(n_target: int, n_source: int, links: dict[int, int]) -> np.ndarray:
+    weights = np.full((n_target, n_source), 0.01)
+    for t, s in links.items():
+        weights[t, s] = 1.0
+    return weights
+
+
+# ---- placement
+
+
+def test_an_element_follows_its_words_where_the_translation_reorders_them():
+    seg = segment(("text", "the "), ("open", "b"), ("text", "red"), ("close",), ("text", " car"))
+    # "the red car" -> "das Auto ist rot": "rot" (3) aligns to "red" (1)
+    nodes = place(seg, "das Auto ist rot", one_hot(4, 3, {0: 0, 1: 2, 2: 2, 3: 1}))
+    assert tagged(nodes) == "das Auto ist <b>rot</b>"
+
+
+def test_nested_elements_stay_nested_and_siblings_never_overlap():
+    seg = segment(("open", "a"), ("text", "a "), ("open", "i"), ("text", "red"), ("close",), ("text", " car"), ("close",),
+                  ("text", " and "), ("open", "b"), ("text", "a dog"), ("close",))
+    # source: a red car and a dog (5 words... 6); target: ein rotes Auto und ein Hund
+    nodes = place(seg, "ein rotes Auto und ein Hund", one_hot(6, 6, {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5}))
+    assert tagged(nodes) == "<a>ein <i>rotes</i> Auto</a> und <b>ein Hund</b>"
+
+
+def test_siblings_that_align_to_the_same_words_do_not_overlap():
+    seg = segment(("open", "b"), ("text", "big"), ("close",), ("text", " "), ("open", "i"), ("text", "house"), ("close",))
+    nodes = place(seg, "Großhaus", one_hot(1, 2, {0: 1}))  # one target word for both
+    out = tagged(nodes)
+    assert out.count("<b>") == 1 and out.count("<i>") == 1
+    assert out in ("<b></b><i>Großhaus</i>", "<i>Großhaus</i><b></b>", "<b></b> <i>Großhaus</i>")
+
+
+def test_an_element_whose_words_were_dropped_comes_back_empty_at_its_place():
+    seg = segment(("text", "a dog "), ("open", "b"), ("text", "very"), ("close",), ("text", " fast"))
+    weights = np.full((3, 4), 0.01)
+    weights[0, 0] = weights[1, 1] = weights[2, 3] = 1.0  # nothing aligns to "very"
+    weights[:, 2] = 0.0
+    out = tagged(place(seg, "ein Hund schnell", weights))
+    assert out.count("<b>") == 1 and out.count("</b>") == 1
+    assert "<b></b>" in out and out.replace("<b></b>", "").split() == ["ein", "Hund", "schnell"]
+
+
+def test_placeholders_keep_their_source_order():
+    seg = segment(("text", "from %s to %d now"))
+    assert [s.tag for s in seg.spans] == ["%s", "%d"]
+    # a crossed alignment would put %d first: the order is kept
+    out = tagged(place(seg, "jetzt bis von", one_hot(3, 4, {0: 3, 1: 1, 2: 0})))
+    assert out.index("%s") < out.index("%d")
+
+
+def test_a_void_keeps_its_glue():
+    seg = segment(("text", "Hello "), ("void", "x"), ("text", ", you"))
+    assert seg.text == "Hello, you" and seg.spans[0].space_after is False
+    assert tagged(place(seg, "Hallo, du", one_hot(2, 2, {0: 0, 1: 1}))) == "Hallo <x/>, du"
+
+
+def test_cues_partition_the_translation_in_order():
+    seg = segment(("open", "c1"), ("text", "I think that"), ("close",), ("text", " "), ("open", "c2"), ("text", "we go home."),
+                  ("close",))
+    seg.cover = True
+    # "Ich denke, dass wir nach Hause gehen."
+    nodes = place(seg, "Ich denke, dass wir nach Hause gehen.", one_hot(7, 6, {0: 0, 1: 1, 2: 2, 3: 3, 4: 5, 5: 5, 6: 4}))
+    cues = [n for n in nodes if isinstance(n, Element)]
+    assert [c.tag for c in cues] == ["c1", "c2"]
+    assert [flatten(c.children) for c in cues] == ["Ich denke, dass", "wir nach Hause gehen."]
+
+
+# ---- HTML
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><title>A dog</title><style>p { color: red }</style></head>
+<body>
+<h1 class="top">A <b>red</b> car &amp; a dog</h1>
+<p id="p1">Go <a href="x.html" class="l" data-x="1">to the beach</a> now.<br>Click <img src="a.png" alt="a dog" title="the dog">!</p>
+<!-- between blocks -->
+<p>Run <code>ls -l</code> and <span translate="no">keep me</span> or <span class="notranslate x">me too</span>.</p>
+<pre>  keep   this  </pre>
+<script>var a = "translate me not";</script>
+</body></html>
+"""
+
+
+def test_html_keeps_its_skeleton_attributes_and_verbatim_parts():
+    out = translated(PAGE, "html", target_lang="de")
+    source, result = BeautifulSoup(PAGE, "html5lib"), BeautifulSoup(out, "html5lib")
+    assert [(t.name, {k: v for k, v in t.attrs.items() if k not in ("alt", "title", "lang")}) for t in source.find_all(True)] == \
+        [(t.name, {k: v for k, v in t.attrs.items() if k not in ("alt", "title", "lang")}) for t in result.find_all(True)]
+    assert '<a href="x.html" class="l" data-x="1">TO THE BEACH</a>' in out  # attributes in their order
+    assert "<code>ls -l</code>" in out and '<span translate="no">keep me</span>' in out
+    assert '<span class="notranslate x">me too</span>' in out
+    assert "<pre>  keep   this  </pre>" in out and 'var a = "translate me not";' in out and "p { color: red }" in out
+    assert 'alt="A DOG"' in out and 'title="THE DOG"' in out and "<title>A DOG</title>" in out
+    assert '<html lang="de">' in out and "<!-- between blocks -->" in out
+    assert "&amp;" in out and out.startswith("<!DOCTYPE html>")
+    assert "<br>" in out and "NOW.<br>CLICK" in out
+
+
+def test_html_fragment_stays_a_fragment_and_malformed_html_is_repaired_as_a_browser_does():
+    assert translated("<p>a <b>dog</b>", "html") == "<p>A <b>DOG</b></p>"
+    # a misnested <b><i></b></i>: html5lib's adoption agency, as a browser builds it
+    out = translated("<p><b>one <i>two</b> three</i></p>", "html")
+    assert BeautifulSoup(out, "html5lib").find("b") is not None and out.count("<b>") == 1
+    assert "THREE" in out and "<html" not in out
+
+
+def test_html_entities_and_no_break_spaces_survive():
+    out = translated("<p>Fish &amp; chips&nbsp;today &lt;3</p>", "html", change=lambda s: s)
+    assert out == "<p>Fish &amp; chips\u00a0today &lt;3</p>"
+
+
+def test_html_bounds_are_checked_before_any_work(monkeypatch):
+    deep = "<div>" * 300 + "x" + "</div>" * 300
+    with pytest.raises(QkvError, match="nests elements more than"):
+        read(deep, "html")
+    monkeypatch.setattr("qkv.document.formats.MAX_BYTES", 100)
+    with pytest.raises(QkvError, match="qkv translates documents of up to 100"):
+        read("<p>" + "a" * 200 + "</p>", "html")
+
+
+# ---- Markdown
+
+
+MARKDOWN = """---
+title: keep: me
+---
+
+# A *red* car
+
+The man [rides **a bike**](https://example.org/bike "t") on the beach. ![a dog](dog.png) Use `ls -l` <https://qkv.org>.
+
+> a quote
+
+| word | meaning |
+| ---- | ------- |
+| dog | an animal |
+
+```python
+print("keep")
+```
+
+- one item
+- two items
+"""
+
+
+def test_markdown_keeps_its_structure_code_urls_and_front_matter():
+    out = translated(MARKDOWN, "markdown")
+    assert out.startswith("---\ntitle: keep: me\n---\n")
+    assert "# A *RED* CAR" in out
+    assert "[RIDES **A BIKE**](https://example.org/bike \"t\")" in out
+    assert "![A DOG](dog.png)" in out and "`ls -l`" in out and "<https://qkv.org>" in out
+    assert "> A QUOTE" in out and "| DOG  | AN ANIMAL |" in out
+    assert '```python\nprint("keep")\n```' in out and "- ONE ITEM\n- TWO ITEMS" in out
+
+
+# ---- subtitles
+
+
+SRT = """1
+00:00:01,000 --> 00:00:02,500
+I think <i>that</i>
+we should
+
+2
+00:00:02,600 --> 00:00:04,000
+go home now.
+
+3
+00:00:09,000 --> 00:00:10,000
+Yes.
+"""
+
+
+def test_srt_keeps_numbers_and_timings_and_translates_a_sentence_across_cues_whole():
+    document = read(SRT, "srt")
+    assert [s.text for s in document.segments] == ["I think that we should go home now.", "Yes."]
+    out = document.write([place(s, s.text.upper(), None) for s in document.segments])
+    blocks = [b.splitlines() for b in out.strip().split("\n\n")]
+    assert [b[:2] for b in blocks] == [b.splitlines()[:2] for b in SRT.strip().split("\n\n")]
+    assert "<i>" in blocks[0][2] + blocks[0][3] and len(blocks[0]) == 4  # two lines, as the cue had
+
+
+def test_vtt_keeps_identifiers_settings_and_notes():
+    vtt = "WEBVTT\n\nNOTE keep me\n\nintro\n00:00:01.000 --> 00:00:03.000 align:start position:10%\nHello <v Roger>world</v>.\n"
+    out = translated(vtt, "vtt")
+    assert out == "WEBVTT\n\nNOTE keep me\n\nintro\n00:00:01.000 --> 00:00:03.000 align:start position:10%\nHELLO <v Roger>WORLD</v>.\n"
+
+
+def test_a_broken_subtitle_file_is_one_line_naming_its_line():
+    with pytest.raises(QkvError, match=r"^line \d+: not a SubRip cue"):
+        read("1\n00:00:01,000 --> 00:00:02,000\nHi\n\n2\n00:00:03,000 -> 00:00:04,000\nYo\n", "srt")
+    with pytest.raises(QkvError, match="not a WebVTT file"):
+        read("no header\n00:00:01.000 --> 00:00:02.000\nHi\n", "vtt")
+
+
+# ---- gettext
+
+
+PO = r'''msgid ""
+msgstr ""
+"Project-Id-Version: demo 1.0\n"
+"Language: \n"
+"MIME-Version: 1.0\n"
+"Content-Type: text/plain; charset=UTF-8\n"
+"Content-Transfer-Encoding: 8bit\n"
+"Plural-Forms: nplurals=2; plural=(n != 1);\n"
+
+#: app.py:10
+#, python-format
+msgid "Deleted %(count)d files from {folder}\n"
+msgstr ""
+
+#, c-format
+msgid "%d file of %s"
+msgid_plural "%d files of %s"
+msgstr[0] ""
+msgstr[1] ""
+
+msgid "Visit https://example.org or write to help@example.org"
+msgstr ""
+
+msgid "Already done"
+msgstr "Schon fertig"
+'''
+
+
+def test_po_fills_msgstr_keeps_msgid_placeholders_and_plural_forms(tmp_path):
+    out = translated(PO, "po", target_lang="de")
+    assert 'msgid "Deleted %(count)d files from {folder}\\n"\nmsgstr "DELETED %(count)d FILES FROM {folder}\\n"' in out
+    assert 'msgstr[0] "%d FILE OF %s"\nmsgstr[1] "%d FILES OF %s"' in out
+    assert "https://example.org" in out and "help@example.org" in out.split("msgstr")[-2]
+    assert 'msgstr "Schon fertig"' in out and '"Language: de\\n"' in out
+    if shutil.which("msgfmt") is None:
+        pytest.skip("msgfmt (gettext) is not installed: the catalogue was not checked by it")
+    path = tmp_path / "de.po"
+    path.write_text(out, encoding="utf-8")
+    done = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "de.mo"), str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_po_without_plural_forms_and_a_broken_po_are_one_line_errors():
+    with pytest.raises(QkvError, match="no Plural-Forms"):
+        read('msgid ""\nmsgstr ""\n\nmsgid "a"\nmsgid_plural "b"\nmsgstr[0] ""\n', "po")
+    with pytest.raises(QkvError, match=r"line \d+: not a gettext catalogue"):
+        read('msgid "a"\nmsgstr "b"\nthis is not po\n', "po")
+
+
+# ---- plain text
+
+
+def test_text_keeps_placeholders_blank_lines_and_line_endings():
+    out = translated("Hello {name}, see https://x.org/a.\r\n\n  Indented `code` here\n", "text")
+    assert out == "HELLO {name}, SEE https://x.org/a.\r\n\n  INDENTED `code` HERE\n"
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(QkvError, match="unknown document format"):
+        read("x", "docx")
