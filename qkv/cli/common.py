@@ -230,6 +230,10 @@ def decoding_model(args: argparse.Namespace):
         raise QkvError("--engine ctranslate2 searches for the best translation: not with --sampling or --n-best")
     if ct2 and getattr(args, "workers", "auto") not in ("auto", 1):
         raise QkvError("--engine ctranslate2 runs in one process with its own threads: not with --workers above 1")
+    if ct2:  # its package before the checkpoint loads and anything is exported or read
+        from qkv.interop.ctranslate2 import import_ctranslate2
+
+        import_ctranslate2()
     compiled = getattr(args, "compile", False)
     if compiled and (args.int8 or ct2):
         raise QkvError("--compile compiles qkv's own float step: not with --int8 or --engine ctranslate2")
@@ -253,7 +257,7 @@ def decoding_model(args: argparse.Namespace):
 
 def engine_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["qkv", "ctranslate2"], default="qkv",
-                   help="what runs the search: qkv, or CTranslate2 (the 'export' extra) on the checkpoint's export, made "
+                   help="what runs the search: qkv, or CTranslate2 on the checkpoint's export, made "
                         "once into qkv's cache and checked against qkv on the first sentences; with --int8, CTranslate2's "
                         "int8; --confidence is still read by qkv's own pass (docs/translation.md)")
 

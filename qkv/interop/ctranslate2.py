@@ -48,7 +48,8 @@ def import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise MissingPackage("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2 (in qkv's clone: pip install -e '.[export]')") from None
+        raise MissingPackage("CTranslate2 (--engine ctranslate2, qkv export) needs the ctranslate2 package, one of qkv's "
+                             "requirements: pip install 'ctranslate2>=4.0' (in qkv's clone: pip install -e .)") from None
     return ctranslate2
 
 

@@ -113,7 +113,7 @@ def test_attend_does_not_overwrite_pictures_without_force(ckpt, tmp_path):
 
 @pytest.mark.parametrize("kind", ["checkpoint", "run", "user"])
 def test_export_force_never_writes_into_a_checkpoint_a_run_or_a_users_directory(ckpt, tmp_path, kind):
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e '.[export]')")
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (one of qkv's requirements: pip install -e .)")
     if kind == "checkpoint":
         target = checkpoint.save(tmp_path / "target", checkpoint.load(ckpt).model, checkpoint.load(ckpt).tokenizer)
     else:
@@ -127,7 +127,7 @@ def test_export_force_never_writes_into_a_checkpoint_a_run_or_a_users_directory(
 
 
 def test_export_force_replaces_an_earlier_export(ckpt, tmp_path):
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e '.[export]')")
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (one of qkv's requirements: pip install -e .)")
     out = tmp_path / "ct2"
     assert qkv("export", "--checkpoint", ckpt, "--out", out, "--check", "0").returncode == 0
     refused(qkv("export", "--checkpoint", ckpt, "--out", out, "--check", "0"), "export", "pass --force to replace it")
@@ -259,7 +259,7 @@ def test_a_killed_translation_leaves_no_temporary_file(ckpt, tmp_path):
 
 
 def test_export_never_deletes_a_users_directory_named_like_its_temporary_one(ckpt, tmp_path):
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e '.[export]')")
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (one of qkv's requirements: pip install -e .)")
     assert qkv("export", "--checkpoint", ckpt, "--out", tmp_path / "ct2", "--check", "0").returncode == 0
     (tmp_path / "ct2").rename(tmp_path / "ct2.tmp")  # the user's export, kept under a name qkv once used
     before = snapshot(tmp_path / "ct2.tmp")

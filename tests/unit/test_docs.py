@@ -310,6 +310,39 @@ def test_readme_commands_parse():
     check_commands([README], minimum=10)
 
 
+# An extra a block's commands need, and what its install line names (the default install holds the rest).
+EXTRAS = {"marian": lambda args: args[:2] == ["import", "marian"] or (args[:1] == ["export"] and "marian" in args)}
+
+
+def extra_problems(paths: list[Path]) -> list[str]:
+    """Recipe blocks (shell blocks without a ``$`` prompt: what a reader copies and runs) that run a command
+    needing an extra without a ``pip install`` line naming it in the same block."""
+    problems = []
+    for path in paths:
+        for block in split_markdown(path.read_text(encoding="utf-8"))[0]:
+            if block.lang not in SHELL or any(line.lstrip().startswith("$ ") for line in block.lines):
+                continue
+            lines = list(shell_lines(block))
+            installs = " ".join(line for _, line in lines if line.startswith("pip install"))
+            for number, line in lines:
+                for args in qkv_invocations(line) if MENTIONS_QKV.search(line) else []:
+                    problems += [f"{rel(path)}:{number}: {line}\n    needs pip install -e '.[{extra}]' in its block"
+                                 for extra, needs in EXTRAS.items() if needs(args) and f"[{extra}]" not in installs]
+    return problems
+
+
+def test_the_extra_checker_finds_a_block_without_its_install_line(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nqkv import marian ./m --out x\n```\n\n```\npip install -e '.[marian]'\n"
+                    "qkv export --checkpoint x --format marian --out y\n```\n\n```\n$ qkv import marian m --out x\n```\n",
+                    encoding="utf-8")
+    assert [p.split("\n")[0] for p in extra_problems([page])] == [f"{page}:2: qkv import marian ./m --out x"]
+
+
+def test_every_block_that_needs_an_extra_installs_it():
+    assert not extra_problems([README, *DOCS]), "\n".join(extra_problems([README, *DOCS]))
+
+
 # --- Links ----------------------------------------------------------------------------------------------
 
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]*(?:\([^()\s]*\)[^()\s<>]*)*)>?(?:\s+\"[^\"]*\")?\s*\)")

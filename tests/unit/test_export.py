@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (pip install -e '.[export]')")
+ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (one of qkv's requirements: pip install -e .)")
 
 from qkv.io import checkpoint
 from qkv.cli import main as cli  # noqa: E402
