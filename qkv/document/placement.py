@@ -36,7 +36,7 @@ from qkv.document.segments import Element, Segment, Span, Void
 # The weight of the row share against the column share in a target word's score; chosen on the val gold
 # set (benchmarks/documents.py --choose; docs/documents.md).
 ROW_SHARE = 0.5
-SINGLE_WORD = 0.25  # the least score that places an element on one word where no run is mostly inside
+SINGLE_WORD = 0.05  # the least score that places an element on one word where no run is mostly inside
 _WORD = re.compile(r"\S+")
 _PUNCT = "\"'.,;:!?()[]{}\u00ab\u00bb\u201c\u201d\u201e\u2018\u2019-"
 
@@ -159,14 +159,14 @@ def _insertion(offset: int, span: Span, source: str, source_words: list[tuple[in
     return target_words[scores.best_target[after[-1]]][1]
 
 
-def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: float = ROW_SHARE) -> list:
+def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: float | None = None) -> list:
     """``target`` (a translation of ``segment.text``) with ``segment.spans`` placed on it, as a node list
     (module docstring). ``weights``: (target words, source words) alignment weights, or None."""
     source_words, target_words = words(segment.text), words(target)
     n_t, n_s = len(target_words), len(source_words)
     if weights is None or np.shape(weights) != (n_t, n_s) or n_t == 0 or n_s == 0:
         weights = fallback_weights(max(n_t, 1), max(n_s, 1))[:n_t or 1, : n_s or 1] if n_t and n_s else np.zeros((n_t, n_s))
-    scores = _Scores(weights, row_share) if n_t and n_s else None
+    scores = _Scores(weights, ROW_SHARE if row_share is None else row_share) if n_t and n_s else None
     spans = segment.spans
     children: dict[int | None, list[int]] = {}
     for i, span in enumerate(spans):

@@ -6,7 +6,7 @@ Each field is checked alone by pydantic; ``settings_of`` checks them together (s
 import annotations`` here, because FastAPI reads these models' annotations at run time.
 """
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, StringConstraints, field_validator
 
@@ -84,6 +84,14 @@ class Candidate(BaseModel):
     )
 
 
+class SegmentOut(BaseModel):
+    where: str = Field(description="where the segment is in its document (a line, a cue, an element)")
+    source: str = Field(description="the segment's text as the model read it, its markup taken out")
+    translation: str = Field(description="its translation, before its markup was put back")
+    confidence: float | None = Field(None, description="with confidence: as for a text of lines (docs/trust.md)")
+    flags: list[str] | None = Field(None, description="with confidence: the segment's flags")
+
+
 class TranslateResponse(BaseModel):
     translations: list[str] = Field(description="one translation per input text, in order")
     n_best: list[list[Candidate]] | None = Field(
@@ -101,6 +109,10 @@ class TranslateResponse(BaseModel):
     )
     terms: list[list[TermOut]] | None = Field(
         None, description="only when the request has a glossary: for each text, each term it asked for and where it went"
+    )
+    segments: list[list[SegmentOut]] | None = Field(
+        None, description="only for documents (format) with confidence: each document's segments, where each is, "
+        "and its confidence and flags"
     )
 
 
@@ -199,6 +211,12 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
             "searched for as a glossary term (docs/glossary.md#numbers, as `qkv translate --numbers`); the answer's "
             "terms say where each went. With a glossary, its terms win where a term and a number overlap. Each text "
             "is one sentence, as with a glossary; not with n_best or sampling",
+        )
+        format: Literal["text", "html", "markdown", "srt", "vtt", "po"] | None = Field(
+            None, description="each text is a whole document in this format, translated with its markup, placeholders "
+            "and structure kept, as `qkv translate --format` does (docs/documents.md); the translations are the "
+            "documents. With glossary, numbers and confidence (then segments says each segment's); not with "
+            "n_best, sampling, attention or max_length"
         )
         sampling: StrictBool = Field(
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"

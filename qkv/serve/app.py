@@ -39,6 +39,7 @@ from qkv.data.sentences import TextOptions, prepare_line
 from qkv.io import checkpoint
 from qkv.inspect.trust import calibration_of
 from qkv.serve.batcher import Batcher, Busy, Job
+from qkv.serve.documents import DocumentTranslator
 from qkv.serve.work import (
     ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, GLOSSARY_CHARS_PER_UNIT, GLOSSARY_ENTRY_WORK,
     GLOSSARY_MATCHES_PER_UNIT, SAMPLED_TOKEN_WORK, SOURCE_TOKEN_WORK, TOP_K_TOKEN_WORK, TOP_P_TOKEN_WORK, Settings, Work,
@@ -287,6 +288,7 @@ def create_app(
         max_texts=limits["max_texts"], max_chars=limits["max_chars"], max_output=max_src, vocab_size=tokenizer.vocab_size
     )
     max_work, max_weights, timeout = limits["max_request_work"], limits["max_attention_weights"], limits["request_timeout"]
+    documents = DocumentTranslator(batcher, src_lang=src_lang, tgt_lang=info["tgt_lang"], calibration=batcher.calibration)
     page = page_html()
 
     @asynccontextmanager
@@ -327,6 +329,8 @@ def create_app(
             field = "sampling" if settings.sampling else "n_best"
             return _unprocessable(field, "not_on_this_engine",
                                   f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
+        if body.format is not None:
+            return await _document(body, settings)
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
         whole = body.n_best is not None or body.max_length is not None or body.glossary is not None or body.numbers
         try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's
@@ -357,6 +361,27 @@ def create_app(
             batcher.stats.failed += 1
             return _error(500, "preparing the translation failed; the server's log has the details")
         return await _answer(request, job)
+
+    async def _document(body, settings) -> Response:
+        """Documents (qkv.serve.documents): read and charged before any search, then translated whole."""
+        if refused := documents.refusal(body):
+            return _unprocessable(refused[0], "not_with_format", refused[1])
+        try:
+            segments = documents.segments(body)
+        except QkvError as error:
+            return _unprocessable("texts", "bad_document", str(error))
+        src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(segments)] if segments else []
+        parts = batcher.work_parts(src_ids, settings, segments)
+        if parts.total > max_work:
+            return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
+        try:
+            answer = await asyncio.wait_for(documents.translate(body, settings), timeout)
+        except asyncio.TimeoutError:
+            batcher.stats.timed_out += 1
+            return _error(504, f"translation took longer than this server's limit of {timeout:g} s (--request-timeout)")
+        except QkvError as error:
+            return _unprocessable("texts", "bad_document", str(error))
+        return JSONResponse(answer)
 
     async def _answer(request: Request, job: Job) -> Response:
         """Wait for the job's JSON, the client's disconnect or the timeout, whichever comes first."""

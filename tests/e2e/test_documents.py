@@ -1,0 +1,141 @@
+"""Documents end to end on a small trained model: `qkv translate --format`, `qkv markup`, the server's
+`format`, and bad input (one line, nothing written)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from bs4 import BeautifulSoup
+
+from qkv.serve.app import create_app
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><title>A dog on the beach</title></head>
+<body>
+<h1>A <b>brown dog</b> runs on the beach</h1>
+<p>A man in a <a href="/shirts?a=1&amp;b=2" class="k">blue shirt</a> is <i>riding</i> a bike.<br>Run <code>ls -l</code> now.</p>
+<p>Two <img src="dog.png" alt="a small dog"> dogs play in the <span translate="no">Park Avenue</span> snow.</p>
+</body></html>
+"""
+SRT = "1\n00:00:01,000 --> 00:00:02,000\nA man in a blue shirt\n\n2\n00:00:02,500 --> 00:00:04,000\nis riding a bike.\n"
+PO = r'''msgid ""
+msgstr ""
+"Project-Id-Version: demo\n"
+"PO-Revision-Date: 2026-12-06 00:00+0000\n"
+"Last-Translator: qkv\n"
+"Language-Team: none\n"
+"MIME-Version: 1.0\n"
+"Content-Type: text/plain; charset=UTF-8\n"
+"Content-Transfer-Encoding: 8bit\n"
+"Plural-Forms: nplurals=2; plural=(n != 1);\n"
+
+#, python-format
+msgid "A man in a %(color)s shirt is riding {vehicle}."
+msgstr ""
+
+#, c-format
+msgid "%d dog runs on the beach"
+msgid_plural "%d dogs run on the beach"
+msgstr[0] ""
+msgstr[1] ""
+'''
+
+
+def qkv(*args, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], input=stdin, capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def shape(page: str):
+    """The page's elements in order with their attributes, the translated ones (alt, title, lang) left out."""
+    soup = BeautifulSoup(page, "html5lib")
+    return [(t.name, {k: v for k, v in t.attrs.items() if k not in ("alt", "title", "lang")}) for t in soup.find_all(True)]
+
+
+def test_a_page_comes_back_with_every_element_and_the_same_through_stdin(tiny_run, tmp_path):
+    (tmp_path / "page.html").write_text(PAGE, encoding="utf-8")
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "page.html", "-o", "page.de.html", "--beam", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = (tmp_path / "page.de.html").read_text(encoding="utf-8")
+    assert sorted(map(str, shape(out))) == sorted(map(str, shape(PAGE)))  # every element, its attributes
+    blocks = lambda page: [n for n, _ in shape(page) if n in ("html", "head", "title", "body", "h1", "p")]  # noqa: E731
+    assert blocks(out) == blocks(PAGE)
+    assert '<html lang="de">' in out and "<code>ls -l</code>" in out and '<span translate="no">Park Avenue</span>' in out
+    assert 'href="/shirts?a=1&amp;b=2" class="k"' in out
+    piped = qkv("translate", "--checkpoint", tiny_run, "--format", "html", "--beam", "2", cwd=tmp_path, stdin=PAGE)
+    assert piped.returncode == 0 and piped.stdout == out
+
+
+def test_markup_is_placed_onto_a_given_translation(tiny_run, tmp_path):
+    (tmp_path / "en.html").write_text('<p>A man in a <b>blue shirt</b> is <a href="/r">riding</a> a bike.</p>\n', encoding="utf-8")
+    (tmp_path / "de.html").write_text("<p>Ein Mann in einem blauen Hemd fährt Fahrrad.</p>\n", encoding="utf-8")
+    done = qkv("markup", "--checkpoint", tiny_run, "--source", "en.html", "-i", "de.html", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    soup = BeautifulSoup(done.stdout, "html5lib")
+    assert soup.p.get_text() == "Ein Mann in einem blauen Hemd fährt Fahrrad."  # the given words, untouched
+    assert len(soup.find_all("b")) == 1 and soup.find("a")["href"] == "/r"
+    bad = qkv("markup", "--checkpoint", tiny_run, "--source", "en.html", cwd=tmp_path, stdin="<p>one</p><p>two</p>")
+    assert bad.returncode != 0 and "2 text blocks where the source has 1" in bad.stderr
+
+
+def test_subtitles_keep_their_cues_and_a_catalogue_passes_msgfmt(tiny_run, tmp_path):
+    done = qkv("translate", "--checkpoint", tiny_run, "--format", "srt", "--beam", "2", cwd=tmp_path, stdin=SRT)
+    assert done.returncode == 0, done.stderr
+    lines = lambda text: [b.splitlines()[:2] for b in text.strip().split("\n\n")]  # noqa: E731
+    assert lines(done.stdout) == lines(SRT) and all(len(b.splitlines()) >= 3 for b in done.stdout.strip().split("\n\n"))
+    (tmp_path / "de.po").write_text(PO, encoding="utf-8")
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "de.po", "-o", "out.po", "--beam", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = (tmp_path / "out.po").read_text(encoding="utf-8")
+    import polib
+
+    entries = [e for e in polib.pofile(out) if e.msgid]
+    assert "%(color)s" in entries[0].msgstr and "{vehicle}" in entries[0].msgstr
+    assert all("%d" in entries[1].msgstr_plural[n] for n in (0, 1))
+    if shutil.which("msgfmt") is None:
+        pytest.skip("msgfmt (gettext) is not installed: the catalogue was not checked by it")
+    check = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "out.mo"), str(tmp_path / "out.po")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+def test_bad_documents_are_one_line_and_nothing_is_written(tiny_run, tmp_path):
+    (tmp_path / "broken.srt").write_text("1\n00:00:01,000 -> 00:00:02,000\nHi\n", encoding="utf-8")
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "broken.srt", "-o", "out.srt", cwd=tmp_path)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1 and "line 1" in done.stderr
+    assert not (tmp_path / "out.srt").exists()
+    (tmp_path / "page.html").write_text(PAGE, encoding="utf-8")
+    same = qkv("translate", "--checkpoint", tiny_run, "-i", "page.html", "-o", "page.html", cwd=tmp_path)
+    assert same.returncode != 0 and (tmp_path / "page.html").read_text(encoding="utf-8") == PAGE
+    (tmp_path / "latin1.html").write_bytes("<p>caf\u00e9</p>".encode("latin-1"))
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "latin1.html", cwd=tmp_path)
+    assert done.returncode != 0 and "not UTF-8" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_server_gives_the_commands_document_and_charges_it(tiny_run, tmp_path):
+    app = create_app(tiny_run, max_request_work=10**7, max_queue_work=10**7)
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=300) as client:
+                page = await client.post("/v1/translate", json={"texts": [PAGE], "format": "html", "beam_size": 2, "confidence": True})
+                broken = await client.post("/v1/translate", json={"texts": ["1\nnot a cue\n"], "format": "srt"})
+                nbest = await client.post("/v1/translate", json={"texts": [PAGE], "format": "html", "n_best": 2})
+                return page, broken, nbest
+
+    page, broken, nbest = asyncio.run(scenario())
+    assert page.status_code == 200, page.text
+    command = qkv("translate", "--checkpoint", tiny_run, "--format", "html", "--beam", "2", "--loop-guard", "0", cwd=tmp_path, stdin=PAGE)
+    assert command.returncode == 0, command.stderr
+    assert page.json()["translations"] == [command.stdout]
+    segments = page.json()["segments"][0]
+    assert len(segments) >= 4 and all(0 <= s["confidence"] <= 1 and "where" in s for s in segments)
+    assert broken.status_code == 422 and "texts[0]" in json.dumps(broken.json())
+    assert nbest.status_code == 422 and "n_best" in nbest.text
