@@ -159,3 +159,25 @@ def assert_blocks_sum_back(model, src, tgt_in, atol: float = 1e-10) -> None:
     found = contributions(model, src, tgt_in)
     torch.testing.assert_close(found.memory, memory, atol=atol, rtol=0)
     torch.testing.assert_close(found.hidden, model.decode_hidden(tgt_in, memory, src_mask)[0], atol=atol, rtol=0)
+
+
+# The page's tests drive Debian's Chromium (tests/e2e/test_server.py, test_documents.py).
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1000",
+]
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install -y chromium chromium-driver")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
+    yield driver
+    driver.quit()

@@ -32,7 +32,7 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
         text += "\n"
     try:
         po = polib.pofile(text)
-    except (OSError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 polib's errors (OSError, ValueError, ...) are all "not a catalogue"
         found = re.search(r"line (\d+)", str(error))
         where = f"line {found.group(1)}: " if found else ""
         raise QkvError(f"{where}not a gettext catalogue ({str(error).strip()})") from None

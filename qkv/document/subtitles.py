@@ -137,6 +137,8 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
     except srt.SRTParseError as error:
         line = text.count("\n", 0, error.expected_start) + 1
         raise QkvError(f"line {line}: not a SubRip cue (number, 'start --> end', text)") from None
+    except (ValueError, OverflowError) as error:  # a timing srt matched but cannot hold (minutes past 59, ...)
+        raise QkvError(f"not a SubRip file: {error}") from None
     texts = [s.content for s in subtitles]
     segments, members, lines = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
 
@@ -150,11 +152,10 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
 
 def read_vtt(text: str, target_lang: str | None = None) -> Document:
     import webvtt
-    from webvtt.errors import MalformedFileError
 
     try:
         vtt = webvtt.from_string(text)
-    except MalformedFileError as error:
+    except Exception as error:  # noqa: BLE001 webvtt-py's errors (MalformedFileError, ValueError, ...) all mean this
         raise QkvError(f"not a WebVTT file: {error}") from None
     captions = vtt.captions
     texts = [c.raw_text for c in captions]

@@ -139,3 +139,37 @@ def test_the_server_gives_the_commands_document_and_charges_it(tiny_run, tmp_pat
     assert len(segments) >= 4 and all(0 <= s["confidence"] <= 1 and "where" in s for s in segments)
     assert broken.status_code == 422 and "texts[0]" in json.dumps(broken.json())
     assert nbest.status_code == 422 and "n_best" in nbest.text
+
+
+HOSTILE = ('<p>A dog <b>runs</b>.</p><script>parent.document.title = "ran";</script>'
+           '<img src="missing.png" onerror="parent.document.title = \'ran\'">')
+
+
+def test_the_page_shows_a_document_and_its_translation_and_runs_none_of_its_scripts(tiny_run, browser, tmp_path):
+    import importlib.util
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    spec = importlib.util.spec_from_file_location("load_test", Path(__file__).resolve().parents[2] / "benchmarks" / "load_test.py")
+    load_test = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load_test)
+    with load_test.ServerProcess(tiny_run, log_path=tmp_path / "server.log") as server:
+        expected = httpx.post(f"{server.url}/v1/translate", json={"texts": [HOSTILE], "format": "html", "beam_size": 2},
+                              timeout=300).json()["translations"][0]
+        browser.get(server.url + "/")
+        title = browser.title
+        browser.find_element(By.ID, "input").clear()
+        browser.execute_script("document.getElementById('input').value = arguments[0];", HOSTILE)
+        browser.find_element(By.ID, "beam").clear()
+        browser.find_element(By.ID, "beam").send_keys("2")
+        Select(browser.find_element(By.ID, "format")).select_by_visible_text("html")
+        browser.find_element(By.ID, "translate").click()
+        frames = WebDriverWait(browser, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#doc-translation iframe"))
+        source_frame = browser.find_element(By.CSS_SELECTOR, "#doc-source iframe")
+        assert frames[0].get_attribute("sandbox") == "" and source_frame.get_attribute("sandbox") == ""
+        assert frames[0].get_attribute("srcdoc") == expected  # the server's answer, shown as a page
+        browser.switch_to.frame(frames[0])
+        assert browser.find_element(By.TAG_NAME, "b") is not None  # rendered, markup and all
+        browser.switch_to.default_content()
+        assert browser.title == title  # neither the script nor the onerror handler ran

@@ -368,27 +368,6 @@ def test_page_is_self_contained(server):
     assert not re.search(r"(src|href)=\"(https?:)?//", page), "the page must not load anything from elsewhere"
 
 
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1000",
-]
-
-
-@pytest.fixture
-def browser():
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): apt-get install -y chromium chromium-driver")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER)))
-    yield driver
-    driver.quit()
-
-
 def test_page_translates_and_shows_attention_in_chromium(server, browser, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
