@@ -8,9 +8,10 @@ builds the parser.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from qkv.errors import QkvError
 
@@ -104,6 +105,41 @@ def text_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-case", action="store_true",
                    help="translate a sentence in capitals or in Title Case as it is (default: in sentence case, "
                         "and the translation of one in capitals written back in capitals)")
+
+
+def progress_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress line on stderr: lines translated, their rate and, with --input, the share done "
+                        "(default: when stderr is a terminal and the input is not; in a log, a line a minute)")
+
+
+@contextlib.contextmanager
+def line_progress(args: argparse.Namespace) -> Iterator[Callable[[int], None] | None]:
+    """The ``progress`` of ``translate_stream`` for ``progress_arg``: a bar's ``update`` (``qkv.train.progress``:
+    redrawn on a terminal, a plain line a minute in a log), over the lines of ``--input`` when it is given;
+    None (nothing shown) when not asked for, and by default for lines typed at a terminal."""
+    wanted = getattr(args, "progress", None)
+    if wanted is None:
+        wanted = sys.stderr.isatty() and (bool(args.input) or not sys.stdin.isatty())
+    if not wanted:
+        yield None
+        return
+    from qkv.train.progress import progress
+
+    bar = progress(total=_count_lines(args.input) if args.input else None, unit="line")
+    try:
+        yield bar.update
+    finally:
+        bar.close()
+
+
+def _count_lines(path: str) -> int:
+    """Lines of a file as ``input_lines`` reads them: each "\n" ends one, and a last line may lack it."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
 
 
 def text_options(args: argparse.Namespace):

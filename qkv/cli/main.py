@@ -25,6 +25,10 @@ from qkv.cli import trust as cli_trust  # noqa: F401
 from qkv.cli.common import COMMANDS
 from qkv.errors import QkvError
 
+# What `qkv --help` opens with: for a user, not this module's docstring (which is for a developer).
+DESCRIPTION = "train, translate with, inspect and serve Transformer translation models"
+EPILOG = "qkv COMMAND --help lists a command's options; docs/cli.md is the whole reference."
+
 ORDER = ("doctor", "split", "prepare", "train", "distill", "translate", "markup", "evaluate", "calibrate", "pseudo-terms", "shortlist", "average", "serve", "export", "import",
          "explain", "score", "align", "attend", "demo")  # fmt: skip
 
@@ -38,7 +42,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="qkv", description=__doc__.splitlines()[0])
+    parser = Parser(prog="qkv", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in sorted(COMMANDS, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):

@@ -258,7 +258,8 @@ STREAM_LINES = 1024
 
 def translate_stream(translator: Translator, source, sink, *, name: str, n_best: int = 1, lines: int | None = None,
                      annotate: Callable[[list[str], list[str]], list[str]] | None = None,
-                     write: Callable[[list[str]], list[str]] | None = None) -> None:
+                     write: Callable[[list[str]], list[str]] | None = None,
+                     progress: Callable[[int], None] | None = None) -> None:
     """``qkv translate``: lines of ``source`` (bytes) to translations on ``sink``, one line each, in order.
 
     Interactive input is answered line by line; files and pipes are translated ``lines`` (default
@@ -268,16 +269,24 @@ def translate_stream(translator: Translator, source, sink, *, name: str, n_best:
     the translations (``qkv translate --confidence``; with ``n_best`` 1).
     ``write``: given the input lines, the output lines, one each, in place of the translator's own
     (``qkv translate --glossary``).
+    ``progress``: called with the number of lines just written, after each batch (``qkv translate``'s
+    progress line, ``qkv.cli.common.line_progress``).
     """
     chunk = 1 if getattr(source, "isatty", lambda: False)() else lines or STREAM_LINES
     buffer: list[str] = []
+
+    def flush() -> None:
+        _write_translations(translator, buffer, sink, n_best, annotate, write)
+        if progress is not None:
+            progress(len(buffer))
+
     for line in input_lines(source, name):
         buffer.append(line)
         if len(buffer) >= chunk:
-            _write_translations(translator, buffer, sink, n_best, annotate, write)
+            flush()
             buffer = []
     if buffer:
-        _write_translations(translator, buffer, sink, n_best, annotate, write)
+        flush()
 
 
 def input_lines(source, name: str) -> Iterator[str]:

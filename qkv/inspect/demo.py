@@ -14,6 +14,7 @@ from pathlib import Path
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
+from qkv.io.manifest import sha256
 from qkv.model.config import model_preset
 from qkv.data.corpus import read_tsv
 from qkv.infer.search import DecodeConfig
@@ -97,12 +98,25 @@ def _is_demo_run(out: Path) -> bool:
         return False
     configs = [out / name / checkpoint.CONFIG for name in ("last", "final") if (out / name / checkpoint.CONFIG).is_file()]
     try:
-        data = [json.loads(c.read_text(encoding="utf-8")).get("data", {}) for c in configs]
+        saved = [json.loads(c.read_text(encoding="utf-8")) for c in configs]
     except (OSError, ValueError):
         return False
-    # A run records its files as resolved absolute paths; --out may be relative (the default, runs/demo).
-    mine = (out / "train.tsv").resolve()
-    return bool(data) and all(d.get("train_src") and Path(d["train_src"]).resolve() == mine for d in data)
+    return bool(saved) and all(isinstance(s, dict) and _trained_on(s, out / "train.tsv") for s in saved)
+
+
+def _trained_on(saved: dict, mine: Path) -> bool:
+    """Whether a checkpoint's saved config says it was trained on the file ``mine``. A run records its files
+    as resolved absolute paths (``--out`` may be relative, the default runs/demo); a run copied or moved
+    since names the place it was trained in, so there the file must have the name, size and SHA-256 the
+    run recorded (``qkv.train.recipes.data_sources``)."""
+    recorded = (saved.get("data") or {}).get("train_src")
+    if not recorded:
+        return False
+    if Path(recorded).resolve() == mine.resolve():
+        return True
+    was = (saved.get("sources") or {}).get("train_src") or {}
+    return (Path(recorded).name == mine.name and mine.is_file() and was.get("bytes") == mine.stat().st_size
+            and was.get("sha256") == sha256(mine))
 
 
 def run_demo(

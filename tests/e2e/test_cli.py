@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from qkv.cli.main import main
+from qkv.cli.main import DESCRIPTION, main
 
 
 def test_doctor_passes_every_check(capsys):
@@ -15,6 +15,9 @@ def test_doctor_passes_every_check(capsys):
 def test_python_dash_m_entry_point_and_help():
     result = subprocess.run([sys.executable, "-m", "qkv", "--help"], capture_output=True, text=True, check=True)
     assert "doctor" in result.stdout
+    # It opens, after the usage, with what qkv does for a user, not the module docstring (for a developer).
+    opening = result.stdout.split("\n\n")[1]
+    assert " ".join(opening.split()) == DESCRIPTION and "``" not in opening and "library functions" not in opening
 
 
 def test_no_command_prints_help_and_fails(capsys):

@@ -4,6 +4,7 @@ draws and reuses its model; token alignment reads the cross-attention it claims 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -93,6 +94,19 @@ def test_the_demo_command_reports_and_then_reuses_its_model(tmp_path, capsys, mo
     second = capsys.readouterr().out
     assert "reused the cached model" in second
     assert (out_dir / "final" / checkpoint.WEIGHTS).stat().st_mtime_ns == stamp
+    # Copied or moved elsewhere (the run recorded its absolute paths), it is still the demo's run and reused;
+    # with another train.tsv in it, it is not.
+    copied, moved, altered = tmp_path / "copy" / "demo", tmp_path / "moved", tmp_path / "altered"
+    shutil.copytree(out_dir, copied)
+    shutil.copytree(out_dir, altered)
+    (altered / "train.tsv").write_text((altered / "train.tsv").read_text()[:-1] + "x\n")
+    out_dir.rename(moved)
+    for elsewhere in (copied, moved):
+        assert main(["demo", "--out", str(elsewhere), "--no-progress"]) == 0, elsewhere
+        assert "reused the cached model" in capsys.readouterr().out
+    moved.rename(out_dir)
+    assert main(["demo", "--out", str(altered), "--no-progress"]) == 2
+    assert "holds no run of the demo" in capsys.readouterr().err
     # --retrain starts a clean run: one start event in the log, not the old run's appended to
     assert main(["demo", "--out", str(out_dir), "--no-progress", "--retrain"]) == 0
     assert "trained in" in capsys.readouterr().out

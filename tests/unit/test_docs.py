@@ -343,6 +343,14 @@ def test_every_block_that_needs_an_extra_installs_it():
     assert not extra_problems([README, *DOCS]), "\n".join(extra_problems([README, *DOCS]))
 
 
+def test_the_readme_command_table_names_every_command():
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("## Commands"):].split("\n## ")[0]
+    named = set(re.findall(r"^\| `qkv ([\w-]+)", table, re.M))
+    assert not set(SUBCOMMANDS) - named, f"commands missing from the README's table: {sorted(set(SUBCOMMANDS) - named)}"
+    assert not named - set(SUBCOMMANDS), f"the README's table names no such command: {sorted(named - set(SUBCOMMANDS))}"
+
+
 # --- Links ----------------------------------------------------------------------------------------------
 
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]*(?:\([^()\s]*\)[^()\s<>]*)*)>?(?:\s+\"[^\"]*\")?\s*\)")
