@@ -12,7 +12,7 @@ from qkv.cli.trust import annotator, confidence_arg
 from qkv.cli.glossary import aligner, glossary_args, glossary_writer, load_glossary, term_summary
 from qkv.cli.common import (
     decode_args, decode_config, decoding_model, decoding_shortlist, device_arg, int8_arg, compile_arg, precision_label, loop_guard_args, shortlist_arg,
-    engine_arg, text_args, text_options, translator_of, workers_arg, command,
+    engine_arg, text_args, text_options, translator_of, workers_arg, command, progress_arg, line_progress,
 )
 
 
@@ -26,6 +26,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     workers_arg(p)
     loop_guard_args(p)
     text_args(p)
+    progress_arg(p)
     p.add_argument("--input", "-i", help="read sentences from this file (default: stdin)")
     p.add_argument("--output", "-o", help="write translations to this file (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="write the N best, tab-separated with their scores")
@@ -97,10 +98,11 @@ def translate(args: argparse.Namespace) -> int:
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
+        advance = stack.enter_context(line_progress(args))
         write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
         interactive = getattr(source, "isatty", lambda: False)()
         counted = sink if interactive else _EmptyCount(sink)
-        translate_stream(translator, source if interactive else counted.inputs(source), counted, name=name,
+        translate_stream(translator, source if interactive else counted.inputs(source), counted, name=name, progress=advance,
                          n_best=args.n_best, annotate=annotate, write=write)
     if not interactive and (notice := counted.notice()):
         print(notice, file=sys.stderr)
