@@ -85,6 +85,13 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             child.content = alt
         for index, token in inlines:
             token.children = _tokens(placed[index], Token)
+            texts = [t for t in token.children if t.type == "text"]
+            for t in texts:
+                t.content = t.content.replace("  ", " ")
+            if token.children and token.children[0].type == "text":  # a block's text starts and ends with a word
+                token.children[0].content = token.children[0].content.lstrip(" ")
+            if token.children and token.children[-1].type == "text":
+                token.children[-1].content = token.children[-1].content.rstrip(" ")
         return md.renderer.render(tokens, md.options, env)
 
     return Document(segments, write, "markdown")
@@ -107,6 +114,8 @@ def _tokens(nodes: list, Token) -> list:
             out.extend(node.tag)
         elif isinstance(node, Element):
             opening, closing = node.tag
+            if not node.children and opening.type != "link_open":  # an empty emphasis cannot be written: nothing
+                continue
             out.append(opening)
             out.extend(_tokens(node.children, Token))
             if closing is not None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from qkv.errors import QkvError
 from qkv.document.formats import read
-from qkv.document.placement import place
+from qkv.document.placement import fallback_weights, place
 from qkv.document.segments import Document, Segment
 
 
@@ -60,8 +60,7 @@ def _word_map(words: list[str], read: list[str]) -> dict[int, int]:
     return out
 
 
-def segment_weights(model, tokenizer, source_text: str, target_text: str, sentences: list[str], outputs: list[str],
-                    matrices: list) -> np.ndarray:
+def segment_weights(source_text: str, target_text: str, sentences: list[str], outputs: list[str], matrices: list) -> np.ndarray:
     """(target words, source words) weights of a whole segment from its sentences' own matrices (the
     sentences the model read, in order, and its outputs): block-diagonal, in the segment's words."""
     src_words, tgt_words = source_text.split(), target_text.split()
@@ -73,6 +72,8 @@ def segment_weights(model, tokenizer, source_text: str, target_text: str, senten
     for sentence, output, matrix in zip(sentences, outputs, matrices):
         n_s, n_t = len(sentence.split()), len(output.split())
         matrix = np.asarray(matrix, dtype=np.float64)
+        if matrix.shape != (n_t, n_s) and n_t and n_s:  # the tokenizer's words are not the text's: by position
+            matrix = fallback_weights(n_t, n_s)
         if matrix.shape == (n_t, n_s):
             for t in range(n_t):
                 if (t_at + t) in tgt_map:
@@ -137,7 +138,7 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
         trusts = assess_lines(model, translator.tokenizer, sentences, outputs, calibration=calibration)
     by_text = {}
     for k, text in enumerate(unique):
-        weights = segment_weights(model, translator.tokenizer, text, texts[k], sentences[k], outputs[k], matrices[k])
+        weights = segment_weights(text, texts[k], sentences[k], outputs[k], matrices[k])
         by_text[text] = (texts[k], weights, trusts[k] if trusts else None)
     placed, reports = [], []
     for segment in segments:

@@ -294,3 +294,23 @@ def test_text_keeps_placeholders_blank_lines_and_line_endings():
 def test_unknown_format_is_refused():
     with pytest.raises(QkvError, match="unknown document format"):
         read("x", "docx")
+
+
+def test_markdown_writes_an_element_that_could_not_be_placed_as_nothing_not_as_stray_markers():
+    document = read("A *very* fast dog.\n", "markdown")
+    (seg,) = document.segments
+    weights = np.full((3, 4), 0.01)
+    weights[0, 0] = weights[1, 2] = weights[2, 3] = 1.0
+    weights[:, 1] = 0.0  # nothing aligns to "very"
+    out = document.write([place(seg, "Ein schneller Hund.", weights)])
+    assert out == "Ein schneller Hund.\n"
+
+
+def test_a_segments_weights_follow_its_words_through_recasing_and_a_list_marker():
+    from qkv.document.translate import segment_weights
+
+    # the model read "a dog runs." (marker kept out, recased) and wrote "ein hund rennt."
+    matrix = one_hot(3, 3, {0: 0, 1: 1, 2: 2})
+    weights = segment_weights("- A DOG RUNS.", "- EIN HUND RENNT.", ["a dog runs."], ["ein hund rennt."], [matrix])
+    assert weights.shape == (4, 4)
+    assert [int(weights[t].argmax()) for t in range(4)] == [0, 1, 2, 3]  # the marker on the marker, each word on its own
