@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from qkv.infer.loop_guard import NumberPieces, loops
 from qkv.model.config import ConfigError, ModelConfig, check_types, config_from_dict
 from qkv.model.transformer import OutputSubset
 
@@ -65,8 +66,9 @@ class DecodeConfig:
     # an output (0: off, the exact search).
     no_repeat_ngram_size: int = 0
     # The loop guard (0: off, the exact search): a sentence whose output loops (``loops``: a run of one
-    # to four tokens repeated LOOP_REPEATS times back to back, or no EOS before the length limit) is
-    # searched again with no repeated n-gram of this size. Outputs that do not loop stay as they were.
+    # to four tokens repeated LOOP_REPEATS times back to back that does not write a number, or no EOS
+    # before the length limit) is searched again with no repeated n-gram of this size. Outputs that do
+    # not loop stay as they were.
     loop_guard: int = 0
 
     def __post_init__(self) -> None:
@@ -249,23 +251,6 @@ def _ban_repeats(scores: Tensor, history: Tensor, n: int, subset: OutputSubset |
     ban = repeated_ngram_ban(history, n, int(subset.ids.max()) + 1)  # (R, max id + 1)
     ids = subset.ids.repeat_interleave(per_row, dim=0) if subset.ids.size(0) > 1 else subset.ids.expand(ban.size(0), -1)
     return scores + ban.gather(1, ids)
-
-
-LOOP_REPEATS = 3  # back-to-back copies of a run of one to four tokens that make an output a loop
-
-
-def loops(tokens: list[int], limit: int, max_n: int = 4) -> bool:
-    """Whether an output loops: it has a run of one to ``max_n`` tokens ``LOOP_REPEATS`` times back to
-    back ("▁A ▁A ▁A", "▁der ▁Fahrer ▁der ▁Fahrer ▁der ▁Fahrer"), or it reached the length limit
-    ``limit`` without an EOS (a loop that runs out of room)."""
-    if len(tokens) >= limit:
-        return True
-    for n in range(1, max_n + 1):
-        for start in range(len(tokens) - LOOP_REPEATS * n + 1):
-            gram = tokens[start : start + n]
-            if all(tokens[start + r * n : start + (r + 1) * n] == gram for r in range(1, LOOP_REPEATS)):
-                return True
-    return False
 
 
 def restricted(
@@ -463,18 +448,19 @@ def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: 
 
 def search(
     model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
-    suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None,
+    suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None, numbers: NumberPieces | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search (or sampling) when beam_size is 1 (greedy: the same result as beam 1, less work),
     beam search otherwise. ``seeds``: one per sentence, for sampling. ``suppress``: token ids never output.
     ``vocab``: for each sentence, the only target ids to score (``Shortlist.vocab``); None: all.
     With ``config.loop_guard``, the sentences whose best output ``loops`` are searched again (the
-    config's comment); the others keep what the first search found."""
+    config's comment; ``numbers``: the tokenizer's ``number_pieces``, whose runs are not loops); the
+    others keep what the first search found."""
     found = _search_once(model, src, bos_id=bos_id, eos_id=eos_id, config=config, seeds=seeds, suppress=suppress, vocab=vocab)
     if not config.loop_guard:
         return found
     lengths = (src != model.config.pad_id).sum(dim=1).tolist()  # each sentence's tokens and EOS, as _output_limits counts
-    again = [i for i, hyps in enumerate(found) if loops(hyps[0].tokens, max_output_length(model, lengths[i], config))]
+    again = [i for i, hyps in enumerate(found) if loops(hyps[0].tokens, max_output_length(model, lengths[i], config), numbers=numbers)]
     if not again:
         return found
     retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)

@@ -21,7 +21,7 @@ from qkv.data.term_annotation import annotate
 from qkv.infer.constrained import constrained_beam_search
 from qkv.infer.glossary import Glossary, Term, TermMatch, answers, missing, word_indices
 from qkv.infer.numbers import Numbers, NumberTerm
-from qkv.infer.search import loops
+from qkv.infer.loop_guard import loops, number_pieces
 from qkv.infer.translator import Translator, collate_sources, length_batches, suppressed_tokens
 
 # Beams of the constrained search (at least one more than the sentence has terms): Post and Vilar's
@@ -225,7 +225,8 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
         constraints = [[forms for m in matches[i] if (forms := forms_of(m.term))] for i in batch]
         found = _constrained(translator, [src_ids[i] for i in batch], constraints, joins, config)
         if config.loop_guard:  # as ``search``: an output that loops is searched again with no repeated n-gram
-            loop = [j for j, (i, best) in enumerate(zip(batch, found)) if loops(best.tokens, len(best.tokens) + 1)]
+            numbers = number_pieces(tok)
+            loop = [j for j, best in enumerate(found) if loops(best.tokens, len(best.tokens) + 1, numbers=numbers)]
             if loop:
                 retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
                 for j, best in zip(loop, _constrained(translator, [src_ids[batch[j]] for j in loop],

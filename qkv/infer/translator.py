@@ -12,6 +12,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
+from qkv.infer.loop_guard import number_pieces
 from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, length_penalty, search
 from qkv.data.sentences import Line, TextOptions, prepare_line
 from qkv.data.text_tokenizer import TextTokenizer
@@ -204,8 +205,9 @@ class Translator:
         src = src.to(self.model.device)  # the model's device (a GPU while training, or with --device)
         seeds = [sentence_seed(self.config.seed, ids) for ids in src_ids] if self.config.sampling else None
         vocab = None if self.shortlist is None else self.shortlist.vocab(src_ids)
+        numbers = number_pieces(tok) if self.config.loop_guard else None
         return search(self.model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=self.config, seeds=seeds,
-                      suppress=suppressed_tokens(tok), vocab=vocab)
+                      suppress=suppressed_tokens(tok), vocab=vocab, numbers=numbers)
 
     def translate_nbest(self, texts: list[str]) -> list[list[Translation]]:
         if self.text is None:

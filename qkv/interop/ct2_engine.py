@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 
 from qkv.errors import QkvError
-from qkv.infer.search import DecodeConfig, Hypothesis, loops, max_output_length
+from qkv.infer.loop_guard import loops, number_pieces
+from qkv.infer.search import DecodeConfig, Hypothesis, max_output_length
 from qkv.infer.translator import Translator
 from qkv.interop.ctranslate2 import EXPORT_FILES, import_ctranslate2, ct2_translate_ids, export_ctranslate2, is_export_dir
 from qkv.io import checkpoint
@@ -274,8 +275,9 @@ class CTranslate2Translator(Translator):
         found = ct2_translate_ids(self.engine, self.tokenizer, src_ids, self.config, max_len=self.model.config.max_len,
                                   max_tokens=self.batch_tokens(src_ids), use_vmap=self.use_vmap)
         if self.config.loop_guard:  # the loop guard, as qkv's search runs it: a looping output searched again
+            numbers = number_pieces(self.tokenizer)
             again = [i for i, (ids, out) in enumerate(zip(src_ids, found))
-                     if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config))]
+                     if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config), numbers=numbers)]
             if again:
                 guarded = replace(self.config, no_repeat_ngram_size=self.config.loop_guard, loop_guard=0)
                 looping = [src_ids[i] for i in again]
