@@ -13,12 +13,24 @@ What counts as a number (``numbers_in``; the same rule reads the source and the 
 - a number of more than ``MAX_NUMBER_CHARS`` characters is left out (an identifier, not a quantity:
   make it a glossary term), and a sentence asks for its first ``MAX_NUMBERS`` numbers only.
 
-A number is found in a translation where a number read by the same rule equals it, or equals it in
-the other decimal convention: a number with one separator (``1.5``, ``1,000``) or thousands groups with
-an optional decimal part (``1,000,000``, ``1,000.5``) is also accepted with ``.`` and ``,`` swapped
-(``1,5``, ``1.000``, ``1.000.000``, ``1.000,5``: English to German and back). The form asked for, which
-the constrained search writes, is the number as the source writes it. "15" does not answer "5", and
-"5.5" does not answer "5".
+A number is found in a translation (``Numbers.found``, the check ``translate_with_glossary`` runs before and
+after its constrained search) where a number of the translation, read by the same rule,
+
+- equals it, or equals it in the other decimal convention: a number with one separator (``1.5``,
+  ``1,000``) or thousands groups with an optional decimal part (``1,000,000``, ``1,000.5``) is also
+  accepted with ``.`` and ``,`` swapped (``1,5``, ``1.000``, ``1.000.000``, ``1.000,5``: English to
+  German and back);
+- has the same digit runs in the same order, whatever separates them (``10:30`` in ``10.30 Uhr``);
+- or is a date or a time (a number with a separator that is neither a decimal nor thousands groups:
+  ``2017-05-09``, ``10:30``, ``9.5.2017``) each of whose runs answers at most one of the source
+  number's runs, where a run answers an equal run, zero-padding aside (``9`` and ``09``), and a
+  two-digit run also a four-digit year that ends with it (``17`` in ``2017``). So ``9 mai 2017``'s
+  ``9`` and ``2017`` are both found in ``2017-05-09``, each at its own run, and ``09/05/17`` is found
+  there as a whole.
+
+A number standing alone is also found zero-padded (``9`` in ``09``). The form asked for, which the
+constrained search writes, is the number as the source writes it. "15" does not answer "5", and the
+decimal "5.5" does not answer "5".
 
 ``Numbers`` has the glossary's ``matches`` and ``found``, so ``translate_with_glossary`` checks
 numbers, searches again for the missing ones and reports them as it does glossary terms; it may wrap a
@@ -45,6 +57,7 @@ _ONE_SEPARATOR = re.compile(r"[0-9]+[.,][0-9]+")
 _GROUPED = re.compile(r"[0-9]{1,3}([.,])[0-9]{3}(?:\1[0-9]{3})*(?:(?!\1)[.,][0-9]+)?")
 _SWAP = str.maketrans(".,", ",.")
 _WORD = re.compile(r"\S+")
+_RUN = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -102,13 +115,72 @@ class Numbers:
         return sorted(found + numbers, key=lambda m: m.start)
 
     def found(self, term: Term, translation: str) -> list[tuple[str, int, int]]:
-        """Each place ``term`` stands in ``translation``: (form, start, end), left to right."""
+        """Each place ``term`` stands in ``translation``: (form, start, end), left to right. A number's
+        place is the translation's number that answers it (module docstring), or, for a number of one
+        run found in a date or a time, that run alone (so the day and the year of ``9 mai 2017`` are two
+        places of ``2017-05-09``)."""
         if not isinstance(term, NumberTerm):
             return self.glossary.found(term, translation) if self.glossary is not None else []
         if self._seen is None or self._seen[0] != translation:
-            index: dict[str, list[tuple[int, int]]] = {}
-            for number, start, end in numbers_in(translation):
-                index.setdefault(number, []).append((start, end))
-            self._seen = (translation, index)
-        index = self._seen[1]
-        return sorted(((form, s, e) for form in term.forms for s, e in index.get(form, [])), key=lambda h: h[1])
+            self._seen = (translation, _NumberIndex(translation))
+        return self._seen[1].places(term)
+
+
+def _run_keys(run: str) -> tuple[str, ...]:
+    """What a digit run of a date or a time answers: its value (zero-padding aside) and, for a year of
+    four digits from 1900 to 2099, its last two digits as a two-digit year."""
+    keys = (run.lstrip("0") or "0",)
+    return keys + (f"yy{run[2:]}",) if len(run) == 4 and run[:2] in ("19", "20") else keys
+
+
+def _asks(run: str) -> tuple[str, ...]:
+    """The keys (``_run_keys``) that answer a source run: its value, and a two-digit run as a year."""
+    keys = (run.lstrip("0") or "0",)
+    return keys + (f"yy{run}",) if len(run) == 2 else keys
+
+
+class _NumberIndex:
+    """A translation's numbers, read once, for ``Numbers.found``."""
+
+    def __init__(self, translation: str) -> None:
+        self.numbers = []  # (number, start, end, its runs as (run, start, end))
+        self.by_form: dict[str, list[int]] = {}  # a number as written -> its indices
+        self.by_runs: dict[tuple[str, ...], list[int]] = {}  # its digit runs -> its indices
+        self.alone: dict[str, list[int]] = {}  # the value of a number of one run, zero-padding aside -> its indices
+        self.by_key: dict[str, list[tuple[int, int]]] = {}  # a run's key -> (number index, run index) of dates and times
+        for n, (number, start, end) in enumerate(_numbers(translation)):
+            runs = [(r.group(), start + r.start(), start + r.end()) for r in _RUN.finditer(number)]
+            self.numbers.append((number, start, end, runs))
+            self.by_form.setdefault(number, []).append(n)
+            self.by_runs.setdefault(tuple(r for r, _, _ in runs), []).append(n)
+            if len(runs) == 1:
+                self.alone.setdefault(_run_keys(number)[0], []).append(n)
+            elif len(number_forms(number)) == 1:  # a date or a time, not a decimal or thousands
+                for i, (run, _, _) in enumerate(runs):
+                    for key in _run_keys(run):
+                        self.by_key.setdefault(key, []).append((n, i))
+
+    def places(self, term: NumberTerm) -> list[tuple[str, int, int]]:
+        number = term.forms[0]
+        runs = _RUN.findall(number)
+        whole = {n for form in term.forms for n in self.by_form.get(form, [])} | set(self.by_runs.get(tuple(runs), []))
+        hits = {self.numbers[n][:3] for n in whole}
+        if len(runs) == 1:  # a number standing alone zero-padded, or one run of a date or a time
+            hits |= {self.numbers[n][:3] for n in self.alone.get(_asks(number)[0], [])}
+            hits |= {self.numbers[n][3][i] for key in _asks(number) for n, i in self.by_key.get(key, [])}
+        elif len(number_forms(number)) == 1:  # a date or a time: all its runs in one date or time, in any order
+            for n in {n for key in _asks(runs[0]) for n, _ in self.by_key.get(key, [])}:
+                if _holds(runs, [r for r, _, _ in self.numbers[n][3]]):
+                    hits.add(self.numbers[n][:3])
+        return sorted(hits, key=lambda h: (h[1], -h[2]))
+
+
+def _holds(runs: list[str], others: list[str]) -> bool:
+    """Whether each of ``runs`` answers a different one of ``others`` (``_asks`` against ``_run_keys``)."""
+    left = [set(_run_keys(r)) for r in others]
+    for run in sorted(runs, key=len, reverse=True):  # a four-digit year before the runs it might take
+        i = next((i for i, keys in enumerate(left) if keys & set(_asks(run))), None)
+        if i is None:
+            return False
+        left[i] = set()
+    return True

@@ -5,7 +5,8 @@ For each sentence, the glossary's terms are found in the source (``Glossary.matc
 is translated by the translator as it would be without a glossary, and its translation checked: each
 term found in the source must stand in it (one of its forms, as often as the source has the term).
 Only a sentence that fails the check is searched again, by ``constrained_beam_search``, which places
-every term; ``always=True`` searches every sentence with terms that way. A sentence without terms is
+every term; ``always=True`` searches every sentence with terms that way. Its output replaces the first
+translation only if it passes the same check; else the first is kept and the sentence is unplaceable. A sentence without terms is
 translated exactly as without the glossary. A term-aware model (trained with ``DataConfig.term_share``)
 reads each term's asked-for form written after its source term (``qkv.data.term_annotation``), in both
 searches. ``numbers=True`` adds every number the sentence writes in digits as a term whose form is the
@@ -74,8 +75,9 @@ class SentenceTerms:
     uses: list[TermUse] = field(default_factory=list)
     constrained: bool = False  # the constrained search made the translation
     tokens: list[int] = field(default_factory=list)  # the translation's target ids
-    # The constrained search ran but found no output with every term within its length limit: the
-    # first translation is kept (its missing terms reported), not a worse one with some of them.
+    # The constrained search ran but found no output with every term within its length limit, or its
+    # output still fails the check (``missing``): the first translation is kept (its missing terms
+    # reported), not a worse one with some of them.
     unplaceable: bool = False
 
 
@@ -234,7 +236,9 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
                     if all(best.met):
                         found[j] = best
         for i, best in zip(batch, found):
-            if all(best.met):
+            # The check that sent the sentence here decides: a constrained output that places every term's
+            # tokens but does not pass it (a number placed as "9" before ".5") is no better than the first.
+            if all(best.met) and not missing(owners[i], matches[i], tok.decode(best.tokens)):
                 tokens[i] = best.tokens
             else:
                 unplaceable.add(i)

@@ -121,3 +121,53 @@ def test_the_server_carries_numbers_as_qkv_translate_numbers_does(digits_checkpo
     assert [t["source"] for t in answer["terms"][2]] == ["2", "5", "3/4/2024"] and all(t["number"] for t in answer["terms"][2])
     assert "3/4/2024" in answer["translations"][2] and "3/4/2024" not in plain.json()["translations"][2]
     assert refused.status_code == 422 and "numbers" in refused.text
+
+
+# What a model that reads dates writes (the demo's task, with "/" as this vocabulary's separator): each
+# source number stands in its translation, inside a date or in another form (issue 84).
+CARRIED = {"9 mai 2017": "2017/05/09", "le 14 juillet 1989": "1989/07/14", "at 10:30": "um 10.30"}
+
+
+class _Writes(Translator):
+    """A Translator whose first search writes ``CARRIED``'s translation of each source (the random
+    model's own search still runs the constrained one)."""
+
+    def translate_ids(self, src_ids):
+        from qkv.infer.search import Hypothesis
+
+        written = {tuple(self.encode(s)): t for s, t in CARRIED.items()}
+        targets = [written[tuple(ids)] for ids in src_ids]
+        return [[Hypothesis(self.tokenizer.encode_target(t), 0.0, 0.0)] for t in targets]
+
+
+def test_numbers_change_no_translation_that_carries_its_numbers_in_another_form(digits_checkpoint):
+    loaded = checkpoint.load(digits_checkpoint)
+    translator = _Writes(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=2))
+    sources = list(CARRIED)
+    assert translator.translate(sources) == list(CARRIED.values())  # the vocabulary writes them
+    results = translate_with_glossary(translator, sources, numbers=True)
+    assert [r.text for r in results] == list(CARRIED.values())  # issue 84: "2017-05-09 9", "1989-07 14"
+    for r in results:
+        assert all(t["found"] is not None and not t["constrained"] and not t["unplaceable"] for t in r.terms()), r.terms()
+    assert [t["found"] for t in results[0].terms()] == ["09", "2017"]
+
+
+def test_a_constrained_output_that_fails_the_check_keeps_the_first_translation(digits_checkpoint, monkeypatch):
+    """The constrained search places the tokens of "5" but runs them into "5.5": the check does not find
+    5 there, so the first translation is kept and the sentence is unplaceable, with "found": null."""
+    import qkv.infer.terms as terms
+    from qkv.infer.constrained import ConstrainedHypothesis
+
+    loaded = checkpoint.load(digits_checkpoint)
+    tok = loaded.tokenizer
+    translator = Translator(loaded.model, tok, DecodeConfig(beam_size=2))
+    source = "Two children play with a red ball for $5."
+    (first,) = translator.translate([source])
+    assert "5" not in first  # the random model misses it: the sentence goes to the constrained search
+    placed = tok.encode_target("5.5")
+    monkeypatch.setattr(terms, "_constrained", lambda t, src_ids, constraints, joins, config: [
+        ConstrainedHypothesis(placed, 0.0, 0.0, met=[True] * len(c)) for c in constraints])
+    (result,) = translate_with_glossary(translator, [source], numbers=True)
+    assert result.text == first
+    (term,) = result.terms()
+    assert term["found"] is None and term["unplaceable"] and not term["constrained"], term

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from qkv.infer.glossary import Glossary, missing
+from qkv.infer.glossary import Glossary, answers, missing
 from qkv.infer.numbers import MAX_NUMBER_CHARS, MAX_NUMBERS, Numbers, NumberTerm, number_forms, numbers_in
 
 
@@ -110,3 +110,40 @@ def test_reading_numbers_stays_linear_on_hostile_lines(make):
     _read(small)  # warm
     ratio = _seconds(large) / max(_seconds(small), 1e-3)
     assert ratio < 15, ratio
+
+
+def _found(source: str, translation: str) -> list[str | None]:
+    """What the check finds for each number of ``source`` in ``translation`` (None: missing)."""
+    numbers = Numbers()
+    matches = numbers.matches(source)
+    return [None if hit is None else hit[0] for hit in answers(numbers, matches, translation)]
+
+
+@pytest.mark.parametrize("source, translation, found", [
+    ("9 mai 2017", "2017-05-09", ["09", "2017"]),  # issue 84: a day and a year inside an ISO date, zero-padded
+    ("le 14 juillet 1989", "1989-07-14", ["14", "1989"]),
+    ("Tuesday, 9th of May 2017", "2017-05-09", ["09", "2017"]),
+    ("9 May 17", "2017-05-09", ["09", "2017"]),  # a two-digit year in the four-digit one
+    ("09/05/17", "2017-05-09", ["2017-05-09"]),  # a date in another order
+    ("9.5.2017", "2017-05-09", ["2017-05-09"]),
+    ("2017/05/09", "2017-05-09", ["2017-05-09"]),
+    ("at 10:30", "um 10.30 Uhr", ["10.30"]),  # the same runs, another separator
+    ("at 9 o'clock", "um 09 Uhr", ["09"]),  # zero-padding of a number alone
+])
+def test_a_number_inside_a_date_or_written_another_way_is_found(source, translation, found):
+    assert _found(source, translation) == found
+
+
+@pytest.mark.parametrize("source, translation", [
+    ("5 dogs", "15 Hunde"), ("5 dogs", "5.5 Hunde"), ("1.5 kg", "5.1 kg"), ("1.05 kg", "1.5 kg"),
+    ("9 mai 2017", "2017-05-08"), ("17 dogs", "2017 Hunde"), ("7 May 2007", "2007-05-08"),
+    ("09/05/17", "2017-05-08"), ("at 10:30", "um 10.31 Uhr"), ("1,000.5", "1.000,50"),
+])
+def test_a_number_is_not_found_in_another_number(source, translation):
+    assert None in _found(source, translation)
+
+
+def test_each_number_needs_its_own_place_in_a_date():
+    # two source numbers find two runs of one date; the same number twice needs it twice
+    assert _found("9 or 9 May 2017", "2017-05-09") == ["09", None, "2017"]
+    assert _found("9 or 9 May 2017", "2017-05-09 9") == ["09", "9", "2017"]
