@@ -82,6 +82,7 @@ def _train(args: argparse.Namespace, ctx) -> int:
     from qkv.train.recipes import LanguageWarning, dump_config, fine_tuning_model, parse_overrides, read_config_file
     from qkv.train.trainer import Trainer
     from qkv.train.recipes import build_configs, resolved_paths
+    from qkv.train.alignment import check_alignment_head
 
     device = None if ctx.enabled else device_of(args)  # torchrun gives each process its device
     if args.tensorboard:  # its event files may not land in a checkpoint the run reads or writes
@@ -128,13 +129,15 @@ def _train(args: argparse.Namespace, ctx) -> int:
         file = read_config_file(args.config) if args.config else {}
         preset = args.preset or file.get("preset", "multi30k")
         model = {**file.get("model", {}), **parse_overrides(args.model, "--model")}
-        parent = checkpoint.load(args.init_from) if args.init_from else None
         with warnings.catch_warnings(record=True) as said:  # what is known of the data's languages, said once the run starts
             warnings.simplefilter("always", LanguageWarning)
             model_cfg, train_cfg, data_cfg = build_configs(  # the file first, then the flags over it
-                preset, model={} if parent else model,
+                preset, model={} if args.init_from else model,
                 train={**file.get("train", {}), **train_overrides}, data={**file.get("data", {}), **data},
             )
+        if not args.init_from:  # before anything is loaded: a head named and none trained
+            check_alignment_head(model, train_cfg.alignment)
+        parent = checkpoint.load(args.init_from) if args.init_from else None
         if parent:  # the parent's model, not the preset's
             model_cfg = fine_tuning_model(parent.model.config, model)
         if args.dump_config:

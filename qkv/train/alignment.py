@@ -195,6 +195,21 @@ def check_alignment_settings(alignment: float, data, n_decoder_layers: int) -> N
         raise ConfigError("guided alignment reads the training pairs' pieces: not with a prepared corpus (give the text files)")
 
 
+HEAD_KEYS = ("alignment_layer", "alignment_context")  # the model keys of the head guided alignment trains
+
+
+def check_alignment_head(given: dict, alignment: float) -> None:
+    """Refuse a new model whose head keys are given (``given``: the --model keys, a config file's
+    included) without guided alignment (``alignment``, --train alignment's weight) to train that head:
+    the run would record an untrained head as the alignment head, and ``qkv align``, ``qkv attend`` and
+    the glossary's placement check would read it as a trained one. (A head of a checkpoint fine-tuned
+    with --init-from was trained there: its keys come from the checkpoint, not from here.)"""
+    named = [key for key in HEAD_KEYS if given.get(key) is not None]
+    if named and not alignment:
+        raise ConfigError(f"--model {named[0]}={given[named[0]]} names the head that guided alignment trains, and no "
+                          f"--train alignment=W trains one: give both, or neither")
+
+
 def default_alignment_layer(n_decoder_layers: int) -> int:
     """The supervised layer when none is given: the penultimate (fairseq's default), the only one of one."""
     return max(0, n_decoder_layers - 2)

@@ -10,7 +10,7 @@ import torch
 from qkv.model.config import ConfigError, ModelConfig
 from qkv.model.transformer import Transformer
 from qkv.train.alignment import (
-    align_pieces, alignment_loss, check_alignment_settings, grow_diag_final_and, link_targets, load_links, pieces_digest,
+    align_pieces, alignment_loss, check_alignment_head, check_alignment_settings, grow_diag_final_and, link_targets, load_links, pieces_digest,
     save_links,
 )
 from qkv.train.recipes import DataConfig
@@ -156,3 +156,25 @@ def test_align_method_eflomal_aligns_the_given_pairs(random_checkpoint, tmp_path
     assert sum(s == t for s, t in found) / len(found) > 0.9  # the diagonal, where each word's translation stands
     assert main(["align", "--checkpoint", str(random_checkpoint), "-i", str(tmp_path / "s"), "-r", str(tmp_path / "t"),
                  "--method", "eflomal", "--pieces"]) == 2
+
+
+def test_a_head_named_without_guided_alignment_is_refused():
+    """Issue 84: --model alignment_layer=1 (or alignment_context=full) without --train alignment=W
+    trained no head but recorded one, which qkv align then read as trained."""
+    for given in ({"alignment_layer": 1}, {"alignment_context": "full"}):
+        with pytest.raises(ConfigError, match=f"--model {next(iter(given))}=.*--train alignment=W"):
+            check_alignment_head(given, 0.0)
+        check_alignment_head(given, 0.5)  # the head guided alignment trains
+    check_alignment_head({"alignment_layer": None, "d_model": 64}, 0.0)  # a dumped config of a run without a head
+
+
+def test_qkv_train_refuses_a_head_without_guided_alignment_before_loading_anything(tmp_path, capsys):
+    from qkv.cli.main import main
+
+    missing = tmp_path / "no-such-corpus.tsv"  # never read: the refusal comes first
+    for flag in ("alignment_layer=1", "alignment_context=full"):
+        code = main(["train", "--preset", "tiny", "--train-src", str(missing), "--valid-src", str(missing),
+                     "--out", str(tmp_path / "run"), "--model", flag])
+        err = capsys.readouterr().err
+        assert code != 0 and "--train alignment=W" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "run").exists()
