@@ -272,8 +272,8 @@ def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, metavar="FILE", help="source side of your corpus (plain, .gz, .xz or .bz2), or a TSV with both sides")
     p.add_argument("--tgt", metavar="FILE", help="target side, aligned line by line with --src")
     p.add_argument("--out", required=True, help="a new (or empty) directory for train, dev and test files, named by the input's language suffix (train.en), else .src and .tgt (a TSV)")
-    p.add_argument("--dev", type=float, metavar="N", help="validation pairs: a share below 1 (0.05) or a count (default 5%%, at most 1,000)")
-    p.add_argument("--test", type=float, metavar="N", help="test pairs: a share below 1 or a count (default 5%%, at most 1,000)")
+    p.add_argument("--dev", type=float, metavar="N", help="validation pairs: a share below 1 (0.05) or a whole count (default 5%%, at most 1,000)")
+    p.add_argument("--test", type=float, metavar="N", help="test pairs: a share below 1 or a whole count (default 5%%, at most 1,000)")
     p.add_argument("--seed", type=int, default=1, help="the draw of the held-out pairs (default 1)")
 
 

@@ -9,6 +9,7 @@ dropped. Training keeps the corpus's order.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +32,23 @@ class SplitCounts:
     files: dict[str, Path]  # "train.src", "dev.tgt", ... -> the file written
 
 
+def check_held_out_size(size: float | None, name: str = "a held-out size") -> None:
+    """Refuse a ``size`` that is neither a share below 1 nor a whole count (``held_out_size``): zero or
+    less, NaN, infinity, or a count with a fraction (2.5 pairs)."""
+    if size is None:
+        return
+    if not math.isfinite(size) or size <= 0:
+        raise DataError(f"{name} must be positive and finite (a share below 1 or a count), got {size:g}")
+    if size >= 1 and size != int(size):
+        raise DataError(f"{name} of 1 or more is a count of pairs and must be whole, got {size:g} (a share is below 1)")
+
+
 def held_out_size(size: float | None, n: int) -> int:
-    """Pairs for dev or test out of ``n``: ``size`` below 1 is a share, 1 or more a count; None: 5%,
-    at least 1 and at most 1,000."""
+    """Pairs for dev or test out of ``n``: ``size`` below 1 is a share, 1 or more a whole count
+    (``check_held_out_size``); None: 5%, at least 1 and at most 1,000."""
     if size is None:
         return max(1, min(DEFAULT_MAX, round(DEFAULT_SHARE * n)))
-    if size <= 0:
-        raise DataError(f"a held-out size must be positive (a share below 1 or a count), got {size:g}")
+    check_held_out_size(size)
     return max(1, round(size * n)) if size < 1 else int(size)
 
 
@@ -54,6 +65,8 @@ def split_corpus(src: str | Path, tgt: str | Path | None, out: str | Path, *, de
                  test: float | None = None, seed: int = 1) -> SplitCounts:
     """Write ``out``/train, dev and test files (``train.en`` ... named by the input's language suffix,
     else ``.src``/``.tgt``) from ``src`` and ``tgt`` (or one TSV ``src``); ``out`` must be new or empty."""
+    check_held_out_size(dev, "--dev")  # before the corpus is read
+    check_held_out_size(test, "--test")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out} exists and is not an empty directory: qkv split writes into a new one")

@@ -13,6 +13,7 @@ import torch
 from conftest import MULTI30K, needs_multi30k
 
 from qkv.data import corpus as data
+from qkv.errors import QkvError
 from qkv.data.corpus import (
     DataError,
     ParallelCorpus,
@@ -413,3 +414,25 @@ def test_collate_rejects_bad_batches():
         collate([], [], pad_id=PAD, bos_id=BOS, eos_id=EOS)
     with pytest.raises(DataError, match="2 sources but 1 targets"):
         collate([[1], [2]], [[1]], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+
+
+@pytest.mark.parametrize("size", ["inf", "nan", "-inf", "2.5", "0", "-1"])
+@pytest.mark.parametrize("flag", ["--dev", "--test"])
+def test_qkv_split_refuses_a_size_that_is_neither_a_share_nor_a_whole_count_in_one_line(tmp_path, capsys, flag, size):
+    """Issue 84: --dev inf or nan ended in a traceback (int(size)), and --dev 2.5 meant 2."""
+    from qkv.cli.main import main
+
+    (tmp_path / "c.tsv").write_text("".join(f"s{i}\tt{i}\n" for i in range(50)), encoding="utf-8")
+    code = main(["split", "--src", str(tmp_path / "c.tsv"), "--out", str(tmp_path / "out"), f"{flag}={size}"])
+    err = capsys.readouterr().err
+    assert code != 0 and flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_held_out_size_is_a_share_below_1_or_a_whole_count():
+    from qkv.data.split import held_out_size
+
+    assert (held_out_size(0.1, 50), held_out_size(3, 50), held_out_size(3.0, 50), held_out_size(None, 50)) == (5, 3, 3, 2)
+    for size in (2.5, float("inf"), float("nan"), 0.0):
+        with pytest.raises(QkvError):
+            held_out_size(size, 50)
