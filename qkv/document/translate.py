@@ -130,7 +130,12 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
         lines = translator.translate_lines(unique) if unique else []
         texts, sentences, outputs = [x.text for x in lines], [x.sentences for x in lines], [x.outputs for x in lines]
     model = model if model is not None else alignment_model(translator)
-    matrices = _alignments(model, translator.tokenizer, sentences, outputs)
+    marked = {s.text for s in segments if s.spans}  # a segment without markup needs no alignment
+    wanted = [k for k, text in enumerate(unique) if text in marked]
+    read = _alignments(model, translator.tokenizer, [sentences[k] for k in wanted], [outputs[k] for k in wanted])
+    matrices: list = [None] * len(unique)
+    for k, found in zip(wanted, read):
+        matrices[k] = found
     trusts = None
     if confidence and unique:
         from qkv.inspect.trust import assess_lines
@@ -138,7 +143,7 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
         trusts = assess_lines(model, translator.tokenizer, sentences, outputs, calibration=calibration)
     by_text = {}
     for k, text in enumerate(unique):
-        weights = segment_weights(text, texts[k], sentences[k], outputs[k], matrices[k])
+        weights = None if matrices[k] is None else segment_weights(text, texts[k], sentences[k], outputs[k], matrices[k])
         by_text[text] = (texts[k], weights, trusts[k] if trusts else None)
     placed, reports = [], []
     for segment in segments:
