@@ -11,6 +11,13 @@ The loss is that cross-entropy, summed over the linked target pieces and weighte
 (fairseq's ``alignment_lambda``), added to the translation loss before both are divided by the batch's
 target tokens.
 
+Text corpora and prepared ones (``qkv prepare``, memory-mapped) take the same path: the pairs' ids are
+eflomal's tokens, whichever way they were encoded. eflomal holds its whole input in memory, so a corpus
+of more than ``SHARD`` pairs is aligned in shards of equal size (at most ``SHARD`` pairs each, in order):
+the aligner's memory is that of one shard, whatever the corpus's size; what grows with the corpus is the
+links kept (``Links``: 4 bytes a link and 8 a pair, twice that for a moment while the shards are joined).
+A corpus of at most ``SHARD`` pairs is aligned in one pass, as before shards existed.
+
 Shapes: B sentences, T target positions (pieces + EOS), S source positions (pieces + EOS).
 """
 
@@ -31,6 +38,7 @@ from qkv.io.outputs import replace_whole
 from qkv.io.runs import ALIGNMENT_LINKS
 
 LINKS_FILE = ALIGNMENT_LINKS  # a run's links, with the digest of the pieces they align
+SHARD = 100_000  # the most pairs eflomal aligns at once: under 1 GB for it and this process (benchmarks/results/alignment_links)
 EPS = 1e-6  # inside the log: a head that gives a linked source piece weight 0 costs -log(1e-6), not inf
 
 
@@ -78,11 +86,79 @@ def _read_links(path: Path) -> list[set[tuple[int, int]]]:
     return found
 
 
-def align_pieces(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], *, seed: int = 1) -> list[np.ndarray]:
-    """eflomal's symmetrized links of each pair of id sequences: an (n, 2) int32 array of (source
-    position, target position) per pair; a pair with an empty side has none."""
+class Links(Sequence):
+    """Every pair's links, flat: ``links[i]`` is pair i's (n, 2) array of (source position, target
+    position), a view of one (M, 2) array (int16 while every position fits, int32 otherwise) cut by
+    (N + 1,) offsets. A corpus of millions of pairs holds two arrays, not an array object per pair."""
+
+    def __init__(self, counts: np.ndarray, flat: np.ndarray) -> None:
+        self.offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self.offsets[1:])
+        small = not len(flat) or int(flat.max()) < np.iinfo(np.int16).max
+        self.flat = np.asarray(flat, dtype=np.int16 if small else np.int32).reshape(-1, 2)
+        if int(self.offsets[-1]) != len(self.flat):
+            raise QkvError(f"{len(self.flat)} links but counts that add up to {int(self.offsets[-1])}")
+
+    @classmethod
+    def of(cls, pairs: Sequence[np.ndarray]) -> Links:
+        counts = np.fromiter((len(x) for x in pairs), dtype=np.int64, count=len(pairs))
+        return cls(counts, np.concatenate(pairs) if len(pairs) else np.zeros((0, 2), dtype=np.int32))
+
+    @classmethod
+    def joined(cls, parts: Sequence[Links]) -> Links:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(np.concatenate([p.counts for p in parts]), np.concatenate([p.flat for p in parts]))
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(N,) each pair's number of links."""
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:  # type: ignore[override]
+        n = len(self)
+        if isinstance(i, slice):
+            return [self[j] for j in range(n)[i]]
+        if not -n <= i < n:
+            raise IndexError(f"pair {i} of {n}")
+        i %= n
+        return self.flat[self.offsets[i] : self.offsets[i + 1]]
+
+
+def shards(n: int, most: int = SHARD) -> list[range]:
+    """The pairs 0..n-1 cut into the fewest consecutive shards of at most ``most`` pairs, of sizes that
+    differ by at most one (no small remainder that eflomal would align with too little evidence)."""
+    if n <= 0:
+        return []
+    k = -(-n // most)
+    bounds = [n * j // k for j in range(k + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def align_pieces(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], *, seed: int = 1,
+                 shard: int = SHARD, log=None) -> Links:
+    """eflomal's symmetrized links of each pair of id sequences: ``links[i]`` is pair i's (n, 2) array
+    of (source position, target position); a pair with an empty side has none. The pairs are read and
+    aligned one shard at a time (``shards``; shard k seeded ``seed + k``), so that at most ``shard``
+    pairs are in eflomal's memory and in lists here; ``src_ids`` may be a prepared corpus's mapped side.
+    ``log``, when given, is told of each shard aligned when there are several."""
     if len(src_ids) != len(tgt_ids):
         raise QkvError(f"{len(src_ids)} sources but {len(tgt_ids)} targets to align")
+    parts = []
+    cut = shards(len(src_ids), shard)
+    for k, part in enumerate(cut):
+        src, tgt = [src_ids[i] for i in part], [tgt_ids[i] for i in part]
+        parts.append(Links.of(_align_shard(src, tgt, seed=seed + k)))
+        if log is not None and len(cut) > 1:
+            log(f"guided alignment: shard {k + 1} of {len(cut)} aligned (pairs {part.start:,} to {part.stop - 1:,})")
+    return Links.joined(parts) if parts else Links.of([])
+
+
+def _align_shard(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]], *, seed: int) -> list[np.ndarray]:
+    """``align_pieces`` in one pass of eflomal: every pair's (n, 2) int32 links."""
     eflomal = import_eflomal()
     # eflomal reads whitespace-separated tokens; an id is one. An empty side stands in as one dummy token.
     as_text = lambda rows: [" ".join(map(str, ids)) if len(ids) else "<empty>" for ids in rows]  # noqa: E731
@@ -124,17 +200,17 @@ def pieces_digest(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[i
     return h.hexdigest()
 
 
-def save_links(path: Path, links: list[np.ndarray], digest: str) -> None:
-    """Write the links whole (a new file renamed into place) with the digest of the pieces they align."""
-    counts = np.asarray([len(x) for x in links], dtype=np.int64)
-    flat = np.concatenate(links) if links else np.zeros((0, 2), dtype=np.int32)
+def save_links(path: Path, links: Links | Sequence[np.ndarray], digest: str) -> None:
+    """Write the links whole (a new file renamed into place) with the digest of the pieces they align:
+    each pair's count of links and every link, (source, target) as int32, pair after pair."""
+    links = links if isinstance(links, Links) else Links.of(links)
     with tempfile.TemporaryFile() as buffer:
-        np.savez_compressed(buffer, counts=counts, links=flat, digest=np.asarray(digest))
+        np.savez_compressed(buffer, counts=links.counts, links=links.flat.astype(np.int32), digest=np.asarray(digest))
         buffer.seek(0)
         replace_whole(path, buffer.read())
 
 
-def load_links(path: Path, digest: str) -> list[np.ndarray] | None:
+def load_links(path: Path, digest: str) -> Links | None:
     """A run's saved links, or None when there are none, they are unreadable, or they align other pieces."""
     try:
         with np.load(path) as data:
@@ -143,21 +219,23 @@ def load_links(path: Path, digest: str) -> list[np.ndarray] | None:
             counts, flat = data["counts"], data["links"]
     except (OSError, ValueError, KeyError):
         return None
-    if int(counts.sum()) != len(flat):
+    if counts.ndim != 1 or (len(counts) and int(counts.min()) < 0) or int(counts.sum()) != len(flat) or flat.shape[1:] != (2,):
         return None
-    return np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else []
+    return Links(counts, flat)
 
 
-def run_links(run_dir: Path, src_ids, tgt_ids, *, seed: int, log=print) -> tuple[list[np.ndarray], str, bool]:
+def run_links(run_dir: Path, src_ids, tgt_ids, *, seed: int, log=print) -> tuple[Links, str, bool]:
     """The training pairs' links: the run's saved ones when they align exactly these pieces, else
-    eflomal's (slow: tens of seconds on Multi30k). Returns the links, their digest and whether they
-    are new (to be saved once the run directory is ready)."""
+    eflomal's (slow: tens of seconds on Multi30k; shards of ``SHARD`` pairs beyond). Returns the links,
+    their digest and whether they are new (to be saved once the run directory is ready)."""
     digest = pieces_digest(src_ids, tgt_ids)
     saved = load_links(run_dir / LINKS_FILE, digest) if (run_dir / LINKS_FILE).is_file() else None
     if saved is not None and len(saved) == len(src_ids):
         return saved, digest, False
-    log(f"guided alignment: eflomal aligns the {len(src_ids):,} training pairs (once per run)")
-    return align_pieces(src_ids, tgt_ids, seed=seed), digest, True
+    n = len(shards(len(src_ids)))
+    log(f"guided alignment: eflomal aligns the {len(src_ids):,} training pairs (once per run"
+        + (f"; in {n} shards of at most {SHARD:,})" if n > 1 else ")"))
+    return align_pieces(src_ids, tgt_ids, seed=seed, log=log), digest, True
 
 
 def link_targets(links: Sequence[np.ndarray], T: int, S: int, device: torch.device | None = None) -> Tensor:
@@ -191,8 +269,6 @@ def check_alignment_settings(alignment: float, data, n_decoder_layers: int) -> N
     for key in ("subword_dropout", "case_augment", "term_share"):
         if getattr(data, key):
             raise ConfigError(f"guided alignment aligns the training pieces once: not with --data {key} (which changes them each epoch)")
-    if data.corpus == "prepared":
-        raise ConfigError("guided alignment reads the training pairs' pieces: not with a prepared corpus (give the text files)")
 
 
 HEAD_KEYS = ("alignment_layer", "alignment_context")  # the model keys of the head guided alignment trains

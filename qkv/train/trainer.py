@@ -197,7 +197,7 @@ class Trainer:
                      else encode_corpus(tokenizer, self.train_data, max_len))
         return max_len, train_ids, encode_corpus(tokenizer, self.valid_data, max_len)
 
-    def _alignment_links(self, train_ids: EncodedCorpus) -> tuple[list, str, bool] | None:
+    def _alignment_links(self, train_ids: EncodedCorpus) -> tuple[alignment.Links, str, bool] | None:
         """Guided alignment's links of the training pairs (``qkv.train.alignment.run_links``), or None without it."""
         if not self.train_cfg.alignment:
             return None

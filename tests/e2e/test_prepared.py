@@ -153,6 +153,49 @@ def test_qkv_train_takes_a_prepared_directory_as_its_data_dir(prepared, tmp_path
     assert refused.returncode == 2 and "subword_dropout applies to text corpora" in refused.stderr
 
 
+def test_guided_alignment_on_a_prepared_directory_trains_the_head_qkv_align_reads(prepared, tmp_path):
+    """--train alignment=0.5 on a prepared directory: eflomal aligns the prepared pairs' ids (the run's
+    500, read from the mapped arrays), the links are saved pair by pair as a text corpus's are, the run
+    records the head, and qkv align reads that head by default."""
+    pytest.importorskip("eflomal")
+    from qkv.io import checkpoint
+    from qkv.train.alignment import LINKS_FILE, align_pieces, default_alignment_layer, load_links, pieces_digest
+
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "qkv", "train", "--preset", "tiny", "--data-dir", str(prepared), "--out", str(run),
+         "--max-steps", "4", "--train", "eval_every=4", "threads=1", "alignment=0.5", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "eflomal aligns the 500 training pairs" in result.stderr
+    config = checkpoint.load(run / "final").model.config
+    layer = default_alignment_layer(config.n_decoder_layers)
+    assert (config.alignment_layer, config.alignment_context) == (layer, "full")
+    ids = load_prepared(prepared).train_ids(40, 500)
+    links = load_links(run / LINKS_FILE, pieces_digest(ids.src_ids, ids.tgt_ids))  # saved for exactly these pieces
+    assert links is not None and len(links) == 500
+    assert (links.counts > 0).mean() > 0.9  # nearly every pair has links, each inside its own pair:
+    assert all(links[i][:, 0].max(initial=0) < len(ids.src_ids[i]) and links[i][:, 1].max(initial=0) < len(ids.tgt_ids[i])
+               for i in range(500))
+    # eflomal again on the same ids, as lists (a text corpus's form): its samplers run in threads, so not
+    # the same links, but most of each pair's (0.73 to 0.88 measured), where pair i against pair i + 1's share 0.16
+    again = align_pieces([ids.src_ids[i] for i in range(500)], [ids.tgt_ids[i] for i in range(500)], seed=1)
+    shared = sum(len(set(map(tuple, links[i].tolist())) & set(map(tuple, again[i].tolist()))) for i in range(500))
+    assert shared > 0.5 * len(links.flat)
+
+    valid = load_prepared(prepared).valid
+    (tmp_path / "s").write_text("".join(x + "\n" for x in valid.src[:6]))
+    (tmp_path / "r").write_text("".join(x + "\n" for x in valid.tgt[:6]))
+    align = lambda *a: subprocess.run([sys.executable, "-m", "qkv", "align", "--checkpoint", str(run), "-i", str(tmp_path / "s"),  # noqa: E731
+                                       "-r", str(tmp_path / "r"), *a], capture_output=True, text=True, timeout=120)
+    default = align()
+    assert default.returncode == 0, default.stderr
+    assert default.stdout == align("--method", "attention", "--layer", str(layer + 1), "--head", "1", "--link", "source").stdout
+    for line, sentence in zip(default.stdout.splitlines(), valid.src[:6], strict=True):  # read from the source side: each word once
+        assert sorted(int(link.split("-")[0]) for link in line.split()) == list(range(len(sentence.split())))
+
+
 def test_torchrun_trains_two_ranks_on_a_prepared_directory(prepared, tmp_path):
     """Both ranks map the same arrays and step on their shares; the run ends with a final/ that translates."""
     import os

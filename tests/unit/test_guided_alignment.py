@@ -9,9 +9,10 @@ import torch
 
 from qkv.model.config import ConfigError, ModelConfig
 from qkv.model.transformer import Transformer
+from qkv.train import alignment
 from qkv.train.alignment import (
-    align_pieces, alignment_loss, check_alignment_head, check_alignment_settings, grow_diag_final_and, link_targets, load_links, pieces_digest,
-    save_links,
+    Links, align_pieces, alignment_loss, check_alignment_head, check_alignment_settings, grow_diag_final_and, link_targets, load_links,
+    pieces_digest, save_links, shards,
 )
 from qkv.train.recipes import DataConfig
 
@@ -43,6 +44,37 @@ def test_eflomal_aligns_a_consistent_mapping():
             total += 1
             right += t[j] == 100 + s[i]
     assert total >= 0.9 * sum(map(len, src)) and right / total > 0.95
+
+
+def test_a_corpus_aligned_in_shards_keeps_every_pairs_own_links_at_its_index(monkeypatch):
+    """Shards (alignment.SHARD pairs at most; here 200): eflomal never holds more than a shard, every
+    pair keeps its own links at its own index (word w and its translation 100 + w, in reversed order, so
+    another pair's links would not fit), and about as many, mostly the same, as one pass finds."""
+    rng = np.random.default_rng(3)
+    src, tgt = [], []
+    for _ in range(601):
+        words = rng.integers(1, 30, size=int(rng.integers(2, 8))).tolist()
+        src.append(words)
+        tgt.append([100 + w for w in reversed(words)])
+    assert [len(r) for r in shards(601, 200)] == [150, 150, 150, 151] and shards(200, 200) == [range(200)]
+    assert shards(0) == [] and sum(map(len, shards(10**7))) == 10**7 and max(map(len, shards(10**7))) <= alignment.SHARD
+    seen, one_shard = [], alignment._align_shard
+    monkeypatch.setattr(alignment, "_align_shard", lambda s, t, *, seed: seen.append(len(s)) or one_shard(s, t, seed=seed))
+    sharded = align_pieces(src, tgt, shard=200)
+    assert seen == [150, 150, 150, 151]  # what eflomal held at once
+    whole = align_pieces(src, tgt)
+    assert seen[-1] == 601 and isinstance(sharded, Links) and len(sharded) == len(whole) == 601
+    right = total = same = 0
+    for s, t, pairs, once in zip(src, tgt, sharded, whole):
+        for i, j in pairs:
+            assert i < len(s) and j < len(t)
+            total += 1
+            right += t[j] == 100 + s[i]
+        same += len({tuple(x) for x in pairs.tolist()} & {tuple(x) for x in once.tolist()})
+    assert right / total > 0.95 and abs(total - len(whole.flat)) < 0.05 * total and same > 0.9 * total
+    assert sharded[600].tolist() == sharded.flat[sharded.offsets[600]:].tolist() and sharded[-1].tolist() == sharded[600].tolist()
+    with pytest.raises(IndexError):
+        sharded[601]
 
 
 def test_link_targets_are_distributions_over_linked_pieces():
