@@ -35,7 +35,10 @@ from qkv.document.segments import Element, Segment, Span, Void
 
 # The weight of the row share against the column share in a target word's score; chosen on the val gold
 # set (benchmarks/documents.py --choose; docs/documents.md).
-ROW_SHARE = 0.5
+ROW_SHARE = 0.75
+# How much a word mostly outside an element costs its run against what a word inside gains: above 1, a
+# run does not stretch over outside words to reach one more inside word. Chosen on the val gold set with ROW_SHARE.
+OUTSIDE_WEIGHT = 1.0
 SINGLE_WORD = 0.05  # the least score that places an element on one word where no run is mostly inside
 _WORD = re.compile(r"\S+")
 _PUNCT = "\"'.,;:!?()[]{}\u00ab\u00bb\u201c\u201d\u201e\u2018\u2019-"
@@ -76,8 +79,8 @@ class _Scores:
 
 
 def _best_run(score: np.ndarray, free: np.ndarray, lo: int, hi: int) -> tuple[int, int] | None:
-    """The contiguous run of free positions in [lo, hi) with the largest sum of ``score - 0.5``
-    (Kadane's algorithm); failing a positive sum, the single free word with the largest score above
+    """The contiguous run of free positions in [lo, hi) with the largest sum of ``score - 0.5`` (a
+    negative term weighted by ``OUTSIDE_WEIGHT``; Kadane's algorithm); failing a positive sum, the single free word with the largest score above
     ``SINGLE_WORD``;
     None when nothing fits."""
     best, best_run, total, start = 0.0, None, 0.0, lo
@@ -87,7 +90,8 @@ def _best_run(score: np.ndarray, free: np.ndarray, lo: int, hi: int) -> tuple[in
             continue
         if total <= 0:
             total, start = 0.0, t
-        total += score[t] - 0.5
+        gain = score[t] - 0.5
+        total += gain if gain >= 0 else OUTSIDE_WEIGHT * gain
         if total > best:
             best, best_run = total, (start, t + 1)
     if best_run is not None:
