@@ -9,6 +9,8 @@ from qkv.errors import QkvError
 from qkv.cli.common import command, decode_config, decoding_shortlist, text_options, translator_of
 from qkv.document.formats import FORMATS
 
+MARKUP_FORMATS = ("html", "markdown")  # the formats with inline markup to place on a given translation
+
 
 def document_format(path: str | None) -> str | None:
     """The document format an --input file's extension names (plain .txt stays lines), or None."""
@@ -65,14 +67,14 @@ def translate_document_command(args: argparse.Namespace, format: str, model, tok
             if args.confidence == "json":
                 print(json.dumps(report.as_dict(), ensure_ascii=False), file=sys.stderr)
             else:
-                print(f"{report.where}\t{report.confidence:.3f}\t{','.join(report.flags) or '-'}", file=sys.stderr)
+                confidence = "-" if report.confidence is None else f"{report.confidence:.3f}"  # nothing to translate
+                print(f"{report.where}\t{confidence}\t{','.join(report.flags) or '-'}", file=sys.stderr)
     return 0
 
 
 def _markup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (or a run directory: uses its final/) whose alignment places the markup")
-    p.add_argument("--format", choices=[f for f in FORMATS if f not in ("srt", "vtt")],
-                   help="the documents' format (default: from --source's extension)")
+    p.add_argument("--format", choices=MARKUP_FORMATS, help="the documents' format (default: from --source's extension)")
     p.add_argument("--source", required=True, help="the source document, with its markup")
     p.add_argument("--input", "-i", help="its translation, the same blocks without inline markup (default: stdin)")
     p.add_argument("--output", "-o", help="write the translation with the markup placed here (default: stdout)")
@@ -92,8 +94,9 @@ def markup(args: argparse.Namespace) -> int:
     format = args.format or format_of(args.source)
     if format is None:
         raise QkvError(f"{args.source}: give --format (the extension names no format qkv knows)")
-    if format in ("srt", "vtt"):
-        raise QkvError("subtitles have no inline markup to place: translate them with qkv translate --format")
+    if format not in MARKUP_FORMATS:
+        raise QkvError(f"a {format} document has no inline markup to place: qkv markup takes html or markdown "
+                       "(translate the others with qkv translate --format)")
     source, translation = read_document(args.source), read_document(args.input)
     loaded = checkpoint.load(args.checkpoint)
     text = place_markup(loaded.model, loaded.tokenizer, source, translation, format)

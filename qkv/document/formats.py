@@ -2,8 +2,9 @@
 
 ``text``: each line a segment, its placeholders kept (``qkv.document.segments.PLACEHOLDER``), its
 indent and line ending as they were; ``html``, ``markdown``, ``srt``, ``vtt`` and ``po``: their own
-modules. ``format_of`` names a file's format by its extension. Every reader is bounded before any
-work: ``MAX_BYTES`` of text (and the HTML reader's element and depth bounds).
+modules. ``format_of`` names a file's format by its extension. Every document is bounded before any
+translation: ``MAX_BYTES`` of text, ``MAX_SEGMENT_WORDS`` words a block (and the HTML reader's element
+and depth bounds).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ FORMATS = ("text", "html", "markdown", "srt", "vtt", "po")
 EXTENSIONS = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".md": "markdown",
               ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po", ".pot": "po"}
 MAX_BYTES = 5_000_000
+# Words of one segment (a paragraph, a cue group, an entry): its markup is placed over a (target words x
+# source words) alignment, so a block's cost grows with its words squared; this bounds it (32 MB, seconds).
+MAX_SEGMENT_WORDS = 2_000
 
 
 def format_of(path: str | Path | None) -> str | None:
@@ -45,7 +49,17 @@ def read_text(text: str, target_lang: str | None = None) -> Document:
 
 
 def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
-    """``text`` read as a ``format`` document (one of ``FORMATS``)."""
+    """``text`` read as a ``format`` document (one of ``FORMATS``); a QkvError where it is broken or
+    beyond the bounds (``MAX_BYTES``, ``MAX_SEGMENT_WORDS``)."""
+    document = _read(text, format, target_lang)
+    for segment in document.segments:
+        if len(segment.text.split()) > MAX_SEGMENT_WORDS:
+            raise QkvError(f"{segment.where}: a block of {len(segment.text.split()):,} words; qkv translates blocks of up "
+                           f"to {MAX_SEGMENT_WORDS:,} words (split it into paragraphs)")
+    return document
+
+
+def _read(text: str, format: str, target_lang: str | None) -> Document:
     if format not in FORMATS:
         raise QkvError(f"unknown document format {format!r}: one of {', '.join(FORMATS)}")
     if len(text) > MAX_BYTES:

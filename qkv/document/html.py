@@ -84,7 +84,10 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
     """An HTML document or fragment as segments and a writer (module docstring)."""
     from bs4 import BeautifulSoup, Comment, NavigableString, Tag
 
-    soup = BeautifulSoup(text, "html5lib")
+    try:
+        soup = BeautifulSoup(text, "html5lib")
+    except Exception as error:  # noqa: BLE001 html5lib asserts on a few foreign-content nestings (<table><svg><html>)
+        raise QkvError(f"html5lib could not build this HTML ({type(error).__name__}): simplify its nesting") from None
     _check_shape(soup)
     segments, runs, attributes = [], [], []
 
@@ -146,6 +149,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         soup.html["lang"] = target_lang
 
     def write(placed: list[list], reports=None) -> str:
+        for index, tag, name, lead, trail in attributes:  # before the runs: a run's elements are copied with them
+            tag[name] = lead + _text(placed[index]) + trail
         for index, run in runs:
             anchor = soup.new_string("")
             run[0].insert_before(anchor)
@@ -157,13 +162,16 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
             for node in new:
                 anchor.insert_before(node)
             anchor.extract()
-        for index, tag, name, lead, trail in attributes:
-            tag[name] = lead + _text(placed[index]) + trail
         formatter = _formatter()
         if _PAGE.search(text):
             return soup.decode(formatter=formatter)
-        head = soup.head.decode_contents(formatter=formatter) if soup.head is not None else ""
-        return head + (soup.body.decode_contents(formatter=formatter) if soup.body is not None else "")
+        out = []
+        for node in soup.contents:  # a fragment: its comments, then what html5lib put in head and body
+            if node is soup.html:
+                out += [part.decode_contents(formatter=formatter) for part in (soup.head, soup.body) if part is not None]
+            else:
+                out.append(node.output_ready(formatter=formatter) if hasattr(node, "output_ready") else str(node))
+        return "".join(out)
 
     return Document(segments, write, "html")
 
@@ -192,7 +200,7 @@ def _nodes(soup, nodes: list) -> list:
     element as a new element of the same name and attributes holding its placed children."""
     out = []
     for node in nodes:
-        if isinstance(node, str) or (isinstance(node, Void) and isinstance(node.tag, str)):  # text, a placeholder
+        if isinstance(node, str) or (isinstance(node, Void) and type(node.tag) is str):  # text, a placeholder (not a comment)
             out.append(soup.new_string(node if isinstance(node, str) else node.tag))
         elif isinstance(node, Void):
             out.append(node.tag)

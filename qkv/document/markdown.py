@@ -1,7 +1,7 @@
 """Markdown in, Markdown out (CommonMark, with tables and front matter), through markdown-it-py and mdformat.
 
-markdown-it-py parses the document as CommonMark says (with GitHub's tables and a YAML/TOML front
-matter block); each block's inline content (a paragraph, a heading, a table cell, a list item's text)
+markdown-it-py parses the document as CommonMark says (with GitHub's tables and a YAML front
+matter block between ``---`` lines); each block's inline content (a paragraph, a heading, a table cell, a list item's text)
 is one segment, its emphasis, strong emphasis and links spans over it; code spans, inline HTML, hard
 breaks and autolinks are voids kept verbatim, and an image is a void whose alt text is translated on
 its own. Fenced and indented code, HTML blocks and the front matter are kept as they are. mdformat's
@@ -69,7 +69,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                     segment, lead, trail = plain_segment(child.content, f"image line {(token.map or [0])[0] + 1}")
                     alts.append((len(segments), child, lead, trail))
                     segments.append(segment)
-                builder.void([child])
+                builder.void([child], separates=child.type == "hardbreak" or (child.type == "html_inline" and
+                                                                              child.content.lower().startswith("<br")))
             i += 1
         segment = builder.build(f"line {(token.map or [0])[0] + 1}")
         if segment.text.strip():

@@ -27,6 +27,7 @@ Given a segment (plain source text with spans over it), its translation, and a w
 
 from __future__ import annotations
 
+import bisect
 import re
 
 import numpy as np
@@ -83,6 +84,10 @@ def _best_run(score: np.ndarray, free: np.ndarray, lo: int, hi: int) -> tuple[in
     negative term weighted by ``OUTSIDE_WEIGHT``; Kadane's algorithm); failing a positive sum, the single free word with the largest score above
     ``SINGLE_WORD``;
     None when nothing fits."""
+    aligned = np.flatnonzero(score[lo:hi] > SINGLE_WORD)  # a run starts and ends on such words: search only there
+    if aligned.size == 0:
+        return None
+    lo, hi = lo + int(aligned[0]), lo + int(aligned[-1]) + 1
     best, best_run, total, start = 0.0, None, 0.0, lo
     for t in range(lo, hi):
         if not free[t]:
@@ -112,14 +117,17 @@ def _partition(scores: list[np.ndarray], lo: int, hi: int) -> list[tuple[int, in
     best = np.full((k + 1, n + 1), -np.inf)
     back = np.zeros((k + 1, n + 1), dtype=int)
     best[0, 0] = 0.0
-    for c in range(1, k + 1):
+    for c in range(1, k + 1):  # best[c, j] = max over i <= j of best[c-1, i] + P[j] - P[i] (- empty_cost if i == j)
+        p = prefix[c - 1]
+        running, arg = -np.inf, 0  # max over i < j of best[c-1, i] - P[i]
         for j in range(n + 1):
-            for i in range(j + 1):
-                if best[c - 1, i] == -np.inf:
-                    continue
-                value = best[c - 1, i] + prefix[c - 1][j] - prefix[c - 1][i] - (empty_cost if i == j else 0.0)
-                if value > best[c, j]:
-                    best[c, j], back[c, j] = value, i
+            same = best[c - 1, j] - empty_cost  # i == j: an empty run
+            if running + p[j] >= same:
+                best[c, j], back[c, j] = running + p[j], arg
+            else:
+                best[c, j], back[c, j] = same, j
+            if best[c - 1, j] - p[j] > running:
+                running, arg = best[c - 1, j] - p[j], j
     cuts, j = [], n
     for c in range(k, 0, -1):
         i = back[c, j]
@@ -128,39 +136,55 @@ def _partition(scores: list[np.ndarray], lo: int, hi: int) -> list[tuple[int, in
     return cuts[::-1]
 
 
-def _covered(span: Span, source_words: list[tuple[int, int]]) -> list[int]:
-    return [i for i, (a, b) in enumerate(source_words) if a < span.end and b > span.start]
+def _covered(span: Span, source_words: list[tuple[int, int]], ends: list[int]) -> list[int]:
+    """The indices of the source words the span's text overlaps (``ends``: the words' end offsets, in
+    order, bisected)."""
+    first = bisect.bisect_right(ends, span.start)  # the first word ending after the span starts
+    out = []
+    for i in range(first, len(source_words)):
+        if source_words[i][0] >= span.end:
+            break
+        out.append(i)
+    return out
 
 
 def _insertion(offset: int, span: Span, source: str, source_words: list[tuple[int, int]], target_words: list[tuple[int, int]],
-               target: str, scores: _Scores) -> int:
+               target: str, scores: _Scores, starts: list[int]) -> int:
     """The character offset in ``target`` where a void at ``offset`` of ``source`` goes."""
     if not target_words:
         return len(target)
     if not source_words:
         return 0 if offset == 0 else len(target)
-    inside = next((i for i, (a, b) in enumerate(source_words) if a < offset < b), None)
-    if inside is not None:  # inside a word: the same place in its translation's core (before its punctuation)
-        a, b = source_words[inside]
-        word = source[a:b]
-        core_a, core_b = a + len(word) - len(word.lstrip(_PUNCT)), b - (len(word) - len(word.rstrip(_PUNCT)))
-        ta, tb = target_words[scores.best_target[inside]]
-        tword = target[ta:tb]
-        tcore_a, tcore_b = ta + len(tword) - len(tword.lstrip(_PUNCT)), tb - (len(tword) - len(tword.rstrip(_PUNCT)))
-        if offset <= core_a:
-            return tcore_a
-        if offset >= core_b:
-            return max(tcore_a, tcore_b)
-        fraction = (offset - core_a) / max(1, core_b - core_a)
-        return tcore_a + round(fraction * max(0, tcore_b - tcore_a))
-    after = [i for i, (a, b) in enumerate(source_words) if b <= offset]
-    before = [i for i, (a, b) in enumerate(source_words) if a >= offset]
-    glued_next = before and source_words[before[0]][0] == offset and not span.space_after
-    if after and not glued_next and (span.space_before is False or not before or offset == len(source)):
-        return target_words[scores.best_target[after[-1]]][1]  # after the previous word's translation
-    if before:
-        return target_words[scores.best_target[before[0]]][0]  # before the next word's translation
-    return target_words[scores.best_target[after[-1]]][1]
+    k = bisect.bisect_right(starts, offset) - 1  # the last word starting at or before the offset
+    if k >= 0 and source_words[k][0] < offset < source_words[k][1]:  # inside a word: the same place in its translation
+        a, b = source_words[k]
+        ta, tb = target_words[scores.best_target[k]]
+        lead, trail = _edges(source[a:b])
+        t_lead, t_trail = _edges(target[ta:tb])
+        if lead + trail >= b - a:  # a word of punctuation alone, "()": the same share of the target word
+            return ta + round((offset - a) / (b - a) * (tb - ta))
+        if offset <= a + lead:  # in its leading punctuation
+            return ta + min(offset - a, t_lead)
+        if offset >= b - trail:  # in its trailing punctuation: as far into the target word's
+            return max(ta + t_lead, tb - t_trail) + min(offset - (b - trail), t_trail)
+        fraction = (offset - a - lead) / max(1, b - trail - a - lead)
+        return ta + t_lead + round(fraction * max(0, tb - t_trail - ta - t_lead))
+    after = k if k >= 0 and source_words[k][1] <= offset else k - 1  # the last word ending at or before it
+    before = k + 1 if k + 1 < len(source_words) else None  # the first word starting after it
+    if k >= 0 and source_words[k][0] == offset:
+        before, after = k, k - 1
+    glued_next = before is not None and source_words[before][0] == offset and not span.space_after
+    if after >= 0 and not glued_next and (span.space_before is False or before is None or offset == len(source)):
+        return target_words[scores.best_target[after]][1]  # after the previous word's translation
+    if before is not None:
+        return target_words[scores.best_target[before]][0]  # before the next word's translation
+    return target_words[scores.best_target[after]][1]
+
+
+def _edges(word: str) -> tuple[int, int]:
+    """How many punctuation characters a word starts and ends with."""
+    lead = len(word) - len(word.lstrip(_PUNCT))
+    return lead, (len(word) - len(word.rstrip(_PUNCT))) if lead < len(word) else 0
 
 
 def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: float | None = None) -> list:
@@ -176,18 +200,28 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
     for i, span in enumerate(spans):
         children.setdefault(span.parent, []).append(i)
     placed: dict[int, tuple[int, int] | None] = {}  # element -> target word run, None when it cannot be placed
+    target_starts = [a for a, _ in target_words]
+    source_starts, source_ends = [a for a, _ in source_words], [b for _, b in source_words]
+    exact: dict[int, tuple[int, int]] = {}  # an element inside a word the translation kept as it was
+    for i, span in enumerate(spans):  # (H<sub>2</sub>O, E=mc<sup>2</sup>) -> its character range there
+        if not span.void and (found := _in_kept_word(span, segment.text, source_words, target, target_words, scores, source_ends)):
+            exact[i] = found
 
     def place_within(parent: int | None, lo: int, hi: int) -> None:
-        kids = [i for i in children.get(parent, []) if not spans[i].void and _covered(spans[i], source_words)]
+        kids = [i for i in children.get(parent, []) if not spans[i].void and _covered(spans[i], source_words, source_ends)]
         if scores is None:
             for i in kids:
                 placed[i] = None
         elif parent is None and segment.cover and kids:
-            for i, run in zip(kids, _partition([scores.inside(_covered(spans[i], source_words)) for i in kids], lo, hi)):
+            for i, run in zip(kids, _partition([scores.inside(_covered(spans[i], source_words, source_ends)) for i in kids], lo, hi)):
                 placed[i] = run if run[0] < run[1] else None
         else:
             free = np.ones(n_t, dtype=bool)
-            inside = {i: scores.inside(_covered(spans[i], source_words)) for i in kids}
+            for i in kids:
+                if i in exact:  # its word is taken
+                    free[bisect.bisect_right(target_starts, exact[i][0]) - 1] = False
+            kids = [i for i in kids if i not in exact]
+            inside = {i: scores.inside(_covered(spans[i], source_words, source_ends)) for i in kids}
             for i in sorted(kids, key=lambda i: -float(inside[i][lo:hi].sum())):
                 run = _best_run(inside[i], free, lo, hi)
                 placed[i] = run
@@ -208,19 +242,40 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
     for i, span in enumerate(spans):  # parents come before their children in document order
         lo, hi = bounds(span.parent)
         run = placed.get(i)
+        if i in exact and (span.parent is None or span.parent in ranges):
+            a, b = exact[i]
+            ranges[i] = (max(a, lo), min(b, hi)) if max(a, lo) < min(b, hi) else (max(a, lo), max(a, lo))
+            continue
         if run is not None and (span.parent is None or span.parent in ranges):
             ranges[i] = _trimmed(target, target_words[run[0]][0], target_words[run[1] - 1][1],
                                  segment.text[span.start : span.end], lo, hi)
             continue
-        point = _insertion(span.start, span, segment.text, source_words, target_words, target, scores) if scores else \
+        point = _insertion(span.start, span, segment.text, source_words, target_words, target, scores, source_starts) if scores else \
             (0 if span.start == 0 else len(target))
-        point = min(max(point, lo), hi)
-        for j in children.get(span.parent, []):  # never inside a placed sibling
-            if j < i and j in ranges and ranges[j][0] < point < ranges[j][1]:
-                point = ranges[j][1]
-        ranges[i] = (point, point)
+        previous = spans[i - 1] if i else None
+        if span.void and previous is not None and previous.void and previous.parent == span.parent \
+                and previous.start == span.start and not previous.space_after:  # glued voids ("%d%%") stay together
+            ranges[i] = ranges[i - 1]
+            continue
+        ranges[i] = (min(max(point, lo), hi),) * 2  # a point inside a placed sibling is written after it (_render)
     _keep_placeholder_order(spans, ranges)
     return _render(target, spans, ranges, children, None)
+
+
+def _in_kept_word(span: Span, source: str, source_words, target: str, target_words, scores, ends: list[int]):
+    """The character range of an element that covers part of one source word, in that word's translation
+    where the translation wrote the word as it was (case aside); None otherwise."""
+    covered = _covered(span, source_words, ends)
+    if scores is None or len(covered) != 1:
+        return None
+    a, b = source_words[covered[0]]
+    if span.start <= a and span.end >= b:
+        return None
+    t = int(scores.best_target[covered[0]])
+    ta, tb = target_words[t]
+    if target[ta:tb].lower() != source[a:b].lower():
+        return None
+    return ta + max(0, span.start - a), ta + min(b, span.end) - a
 
 
 def _trimmed(target: str, a: int, b: int, source: str, lo: int, hi: int) -> tuple[int, int]:
@@ -253,22 +308,23 @@ def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], 
     kids = sorted(children.get(parent, []), key=lambda i: (ranges[i][0], ranges[i][1] > ranges[i][0], i))
     nodes: list = []
     at = lo
-    for i in kids:
+    for n, i in enumerate(kids):
         a, b = ranges[i]
         if a > at:
             nodes.append(target[at:a])
             at = a
         span = spans[i]
         if a == b:  # a void, or an element that could not be placed: its spacing as in the source
-            before = " " if span.space_before and at > 0 and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
-            after = " " if span.space_after and at < len(target) and not target[at : at + 1].isspace() else ""
+            more_here = n + 1 < len(kids) and ranges[kids[n + 1]][0] == a  # another void at this point
+            before = " " if span.space_before and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
+            after = " " if span.space_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
             node = Void(span.tag) if span.void else Element(span.tag, _render(target, spans, ranges, children, i))
             nodes.extend(x for x in (before, node, after) if x != "")
-            if not span.space_after and target[at : at + 1] == " " and (a < hi - 1):  # glued: the model's space goes
+            if span.separates and not span.space_after and target[at : at + 1] == " " and a < hi - 1:  # <br>'s own space
                 at += 1
         else:
             nodes.append(Element(span.tag, _render(target, spans, ranges, children, i)))
-            at = b
+            at = max(at, b)
     if hi > at:
         nodes.append(target[at:hi])
     return nodes

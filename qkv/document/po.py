@@ -25,6 +25,25 @@ def _nplurals(po) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _check_complete(text: str, po) -> None:
+    """Refuse a catalogue polib read only in part (it skips an entry whose string is not closed): every
+    ``msgid`` line of the text must belong to an entry it read (an entry's line number is its first
+    line, a comment or ``msgctxt``; its ``msgid`` follows)."""
+    lines = text.splitlines()
+    read = set()
+    for entry in po:
+        n = entry.linenum
+        while n <= len(lines) and not lines[n - 1].startswith("msgid "):
+            n += 1
+        read.add(n)
+    first = next((n for n, line in enumerate(lines, 1) if line.startswith("msgid ")), None)
+    if first is not None and lines[first - 1].strip() == 'msgid ""':  # the header, kept by polib as metadata
+        read.add(first)
+    for n, line in enumerate(lines, 1):
+        if line.startswith("msgid ") and n not in read:
+            raise QkvError(f"line {n}: this entry could not be read (a string not closed, or a keyword missing)")
+
+
 def read_po(text: str, target_lang: str | None = None) -> Document:
     import polib
 
@@ -36,16 +55,20 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
         found = re.search(r"line (\d+)", str(error))
         where = f"line {found.group(1)}: " if found else ""
         raise QkvError(f"{where}not a gettext catalogue ({str(error).strip()})") from None
-    segments, slots = [], []  # slot: (entry, plural index or None, lead, trail)
+    _check_complete(text, po)
+    segments, slots = [], []  # slot: (entry, plural index or None, [(lead, trail) of each line])
 
     def add(entry, plural, text: str, where: str) -> None:
-        segment, lead, trail = plain_segment(text, where)
-        slots.append((entry, plural, lead, trail))
-        segments.append(segment)
+        pieces = []  # a message of several lines: each line a segment, its line breaks kept
+        for line in text.split("\n"):
+            segment, lead, trail = plain_segment(line, where)
+            pieces.append((lead, trail, len(segments)))
+            segments.append(segment)
+        slots.append((entry, plural, pieces))
 
     plural_count = None
     for entry in po:
-        if entry.obsolete or not entry.msgid or entry.translated() or "fuzzy" in entry.flags:
+        if entry.obsolete or not entry.msgid or "fuzzy" in entry.flags or (entry.msgstr and not entry.msgid_plural):
             continue
         where = f"msgid line {entry.linenum}"
         if entry.msgid_plural:
@@ -54,23 +77,28 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
                 if plural_count is None or plural_count < 1:
                     raise QkvError("the catalogue's header has no Plural-Forms with nplurals: set it for the target "
                                    "language (e.g. 'nplurals=2; plural=(n != 1);') to fill its plural entries")
+            for n in list(entry.msgstr_plural):  # a .pot's extra forms go: msgfmt wants exactly nplurals
+                if n >= plural_count and not entry.msgstr_plural[n]:
+                    del entry.msgstr_plural[n]
             for n in range(plural_count):
-                add(entry, n, entry.msgid if n == 0 else entry.msgid_plural, where)
+                if not entry.msgstr_plural.get(n):  # a form already translated is kept
+                    add(entry, n, entry.msgid if n == 0 else entry.msgid_plural, where)
         else:
             add(entry, None, entry.msgid, where)
     if target_lang and not po.metadata.get("Language"):
         po.metadata["Language"] = target_lang
 
     def write(placed: list[list], reports=None) -> str:
-        for k, ((entry, plural, lead, trail), nodes) in enumerate(zip(slots, placed)):
-            translation = lead + flatten(nodes, void=lambda tag: tag) + trail
+        for entry, plural, pieces in slots:
+            translation = "\n".join(lead + flatten(placed[k], void=lambda tag: tag) + trail for lead, trail, k in pieces)
             if plural is None:
                 entry.msgstr = translation
             else:
                 entry.msgstr_plural[plural] = translation
-            if reports is not None and reports[k].flags:
-                if "fuzzy" not in entry.flags:
-                    entry.flags.append("fuzzy")
+            if reports is not None and any(reports[k].flags for _, _, k in pieces) and "fuzzy" not in entry.flags:
+                entry.flags.append("fuzzy")
+        if slots:  # written as UTF-8, so said to be
+            po.metadata["Content-Type"] = "text/plain; charset=UTF-8"
         written = str(po)
         if written.startswith("#\n") and not text.startswith("#"):  # polib's empty header comment, not the user's
             written = written[2:]

@@ -27,9 +27,11 @@ from typing import Any, Callable
 PLACEHOLDER = re.compile(
     r"""(?:https?|ftp)://[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]"""  # a URL, without a sentence's closing punctuation
     r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address
-    r"|%\([A-Za-z_]\w*\)[-#0 +]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
-    r"|%(?:\d+\$)?[-#0 +']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|j|z|t|L)?[diouxXeEfFgGcspaA%]"  # C's %s, %1$d, %.2f
-    r"|\{\{[^{}\s]*\}\}|\{[A-Za-z_0-9][\w.\[\]!:<>^=+-]*\}|\{\}"  # {name}, {0}, {0:.2f}, {}, {{ var }}-style
+    r"|%\([A-Za-z_]\w*\)[-#0+]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
+    # C's %s, %1$d, %.2f (not the space flag: "100% sure" is prose)
+    r"|%(?:\d+\$)?[-#0+']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|j|z|t|L)?[diouxXeEfFgGcspaA%]"
+    r"|\{\{\s*[\w.\[\]|:'\" -]+?\s*\}\}"  # {{ var }}, {{ user.name | upper }}
+    r"|\{[A-Za-z_0-9]*(?:[.\[][\w.\[\]]*)?(?:![rsa])?(?::[^{}\n]*)?\}"  # {}, {0}, {name}, {a.b}, {:.2f}, {when:%Y-%m-%d}
     r"|`[^`\n]+`"  # inline code in plain text
 )
 _SPACE = re.compile(r"[ \t\n\r\f]+")  # HTML's ASCII whitespace: a no-break space is text, not space
@@ -48,6 +50,7 @@ class Span:
     placeholder: bool = False  # placeholders keep their order among themselves (msgfmt checks %s %d)
     space_before: bool = True
     space_after: bool = True
+    separates: bool = False  # a void that parts words (<br>): the space the model read there is its own
 
 
 @dataclass
@@ -120,7 +123,8 @@ class SegmentBuilder:
             return
         text = _SPACE.sub(" ", text)
         spaced = text.startswith(" ")
-        for i in self.last_void:  # a void is spaced after when whitespace follows it before any text
+        if self.last_void:  # the last void before this text is spaced after when whitespace follows it
+            i = self.last_void[-1]
             self.spans[i].space_after = spaced or (self.length > self.spans[i].start and self._ends_in_space
                                                    and self.synthetic_space_at != self.length)
         if spaced and (not self.parts or self._ends_in_space):
@@ -137,21 +141,27 @@ class SegmentBuilder:
         self.length += len(text)
 
     def open(self, tag: Any) -> None:
-        self.spans.append(Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None))
+        self.spans.append(Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None,
+                               space_before=self._ends_in_space or not self.parts))
         self.stack.append(len(self.spans) - 1)
 
     def close(self) -> None:
-        span = self.spans[self.stack.pop()]
+        index = self.stack.pop()
+        span = self.spans[index]
         span.end = self.length
+        if span.start == span.end:  # an element with no text (<a name="x"></a>): spaced as a void is
+            self.last_void.append(index)
 
     def void(self, tag: Any, *, placeholder: bool = False, before: str | None = None, after: str | None = None,
              separates: bool = False) -> None:
         """A void at the current offset; ``before``/``after``: the raw text around it where the reader has it;
         ``separates``: the void parts words (``<br>``), so the text the model reads has a space there."""
         spaced_before = (before[-1:].isspace() if before else self._ends_in_space or not self.parts)
+        if self.last_void:  # right after another void, with no text between: that one is spaced as this one is
+            self.spans[self.last_void[-1]].space_after = spaced_before
         span = Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None, void=True,
                     placeholder=placeholder, space_before=spaced_before or not self.parts,
-                    space_after=True if after is None else (not after or after[0].isspace()))
+                    space_after=True if after is None else (not after or after[0].isspace()), separates=separates)
         self.spans.append(span)
         self.last_void.append(len(self.spans) - 1)
         if separates and self.parts and not self._ends_in_space:

@@ -370,6 +370,10 @@ def create_app(
             segments = documents.segments(body)
         except QkvError as error:
             return _unprocessable("texts", "bad_document", str(error))
+        except Exception:  # a bug or a parser's failure: the client gets JSON, the log the traceback
+            log.exception("reading a request of %d documents failed", len(body.texts))
+            batcher.stats.failed += 1
+            return _error(500, "reading the document failed; the server's log has the details")
         src_ids = [ids[:max_src] for ids in tokenizer.encode_batch(segments)] if segments else []
         parts = batcher.work_parts(src_ids, settings, segments)
         if parts.total > max_work:
@@ -381,6 +385,10 @@ def create_app(
             return _error(504, f"translation took longer than this server's limit of {timeout:g} s (--request-timeout)")
         except QkvError as error:
             return _unprocessable("texts", "bad_document", str(error))
+        except Exception:
+            log.exception("translating a request of %d documents failed", len(body.texts))
+            batcher.stats.failed += 1
+            return _error(500, "translation failed; the server's log has the details")
         return JSONResponse(answer)
 
     async def _answer(request: Request, job: Job) -> Response:

@@ -10,6 +10,7 @@ time, beside the batcher's searches (``DocumentTranslator.lock``).
 from __future__ import annotations
 
 import asyncio
+import threading
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +27,7 @@ class DocumentTranslator:
 
     def __init__(self, batcher, *, src_lang: str, tgt_lang: str | None, calibration: dict | None) -> None:
         self.batcher, self.src_lang, self.tgt_lang, self.calibration = batcher, src_lang, tgt_lang, calibration
-        self.lock = asyncio.Lock()
+        self.lock = threading.Lock()  # held by the worker thread itself: a request that timed out keeps it until done
 
     def refusal(self, body) -> tuple[str, str] | None:
         """(field, message) where the request asks a document for what only lines have."""
@@ -47,6 +48,10 @@ class DocumentTranslator:
         return out
 
     def _translate(self, body, settings) -> dict[str, Any]:
+        with self.lock:
+            return self._translate_now(body, settings)
+
+    def _translate_now(self, body, settings) -> dict[str, Any]:
         batcher = self.batcher
         config = replace(settings.decode_config(), length_penalty=batcher.length_penalty, loop_guard=batcher.loop_guard)
         options = TextOptions(split=self.src_lang if body.split else None, recase=not body.keep_case)
@@ -60,5 +65,4 @@ class DocumentTranslator:
         return answer
 
     async def translate(self, body, settings) -> dict[str, Any]:
-        async with self.lock:
-            return await asyncio.to_thread(self._translate, body, settings)
+        return await asyncio.to_thread(self._translate, body, settings)

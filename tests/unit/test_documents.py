@@ -314,3 +314,63 @@ def test_a_segments_weights_follow_its_words_through_recasing_and_a_list_marker(
     weights = segment_weights("- A DOG RUNS.", "- EIN HUND RENNT.", ["a dog runs."], ["ein hund rennt."], [matrix])
     assert weights.shape == (4, 4)
     assert [int(weights[t].argmax()) for t in range(4)] == [0, 1, 2, 3]  # the marker on the marker, each word on its own
+
+
+# ---- hostile and awkward input (a review's findings, each pinned)
+
+
+@pytest.mark.parametrize("text", [
+    "I am 100% sure, 20% in total.", "(%s) is it", "Docs (https://x.org) here", "[{name}]", "Name: {name}. Next",
+    "%s %d", "Progress: %d%% done", "Price {price:,.2f} on {when:%Y-%m-%d}, user {{ user.name }}.",
+])
+def test_placeholders_next_to_punctuation_and_prose_percentages_come_back_as_they_were(text):
+    assert translated(text + "\n", "text", change=lambda s: s) == text + "\n"
+    assert read("I am 100% sure, 20% in total.", "text").segments[0].spans == []  # prose, not placeholders
+
+
+@pytest.mark.parametrize("page", [
+    "<p>E=mc<sup>2</sup> is famous.</p>", "<p>H<sub>2</sub>O</p>", "<p><b>dear</b><i>friend</i>.</p>",
+    '<p>As shown<sup><a href="#fn1">1</a></sup> before.</p>', '<h2><a name="x"></a>Title</h2>', "<p><a><img></a></p>",
+    "<p>x <!-- note --> y</p>", "<!-- license --><p>x</p><!-- end -->",
+])
+def test_html_markup_inside_words_comments_and_empty_elements_come_back_in_place(page):
+    assert translated(page, "html", change=lambda s: s) == page
+
+
+def test_html_title_of_an_inline_element_is_translated_and_html5lib_failures_are_one_line():
+    out = translated('<p>Use the <a href="u" title="Go home">home page</a> now</p>', "html")
+    assert out == '<p>USE THE <a href="u" title="GO HOME">HOME PAGE</a> NOW</p>'
+    with pytest.raises(QkvError, match="html5lib could not build this HTML"):
+        read("<table><svg><html>", "html")
+
+
+def test_markdown_hard_breaks_part_words():
+    document = read("Roses are red  \n*violets* are blue\n", "markdown")
+    assert document.segments[0].text == "Roses are red violets are blue"
+    assert translated("Roses are red  \n*violets* are blue\n", "markdown") == "ROSES ARE RED\\\n*VIOLETS* ARE BLUE\n"
+
+
+def test_a_webvtt_or_po_file_read_only_in_part_is_refused():
+    with pytest.raises(QkvError, match=r"^line 6: not a WebVTT cue timing"):
+        read("WEBVTT\n\n00:00:01.000 --> 00:00:02.000\nHi.\n\n00:00:03.000 -> 00:00:04.000\nYo.\n", "vtt")
+    with pytest.raises(QkvError, match=r"^line 4: this entry could not be read"):
+        read('msgid "a"\nmsgstr "b"\n\nmsgid "c\nmsgstr ""\n', "po")
+
+
+def test_po_keeps_a_messages_lines_its_translated_plural_forms_and_exactly_nplurals(tmp_path):
+    po = ('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ISO-8859-1\\n"\n"Plural-Forms: nplurals=1; plural=0;\\n"\n\n'
+          'msgid ""\n"Line one\\n"\n"Line two"\nmsgstr ""\n\nmsgid "%d file"\nmsgid_plural "%d files"\nmsgstr[0] ""\nmsgstr[1] ""\n')
+    out = translated(po, "po")
+    assert 'msgstr ""\n"LINE ONE\\n"\n"LINE TWO"' in out and "msgstr[1]" not in out and "charset=UTF-8" in out
+    kept = translated('msgid ""\nmsgstr ""\n"Plural-Forms: nplurals=2; plural=(n != 1);\\n"\n\n'
+                      'msgid "x"\nmsgid_plural "xs"\nmsgstr[0] "done"\nmsgstr[1] ""\n', "po")
+    assert 'msgstr[0] "done"\nmsgstr[1] "XS"' in kept
+    if shutil.which("msgfmt"):
+        (tmp_path / "a.po").write_text(out, encoding="utf-8")
+        done = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "a.mo"), str(tmp_path / "a.po")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+def test_a_block_beyond_the_word_bound_is_refused_before_any_work():
+    with pytest.raises(QkvError, match="qkv translates blocks of up to 2,000 words"):
+        read("<p>" + "word " * 2001 + "</p>", "html")
