@@ -75,11 +75,10 @@ def segment_weights(source_text: str, target_text: str, sentences: list[str], ou
         if matrix.shape != (n_t, n_s) and n_t and n_s:  # the tokenizer's words are not the text's: by position
             matrix = fallback_weights(n_t, n_s)
         if matrix.shape == (n_t, n_s):
-            for t in range(n_t):
-                if (t_at + t) in tgt_map:
-                    for s in range(n_s):
-                        if (s_at + s) in src_map:
-                            weights[tgt_map[t_at + t], src_map[s_at + s]] = matrix[t, s]
+            ts = [t for t in range(n_t) if t_at + t in tgt_map]
+            ss = [s for s in range(n_s) if s_at + s in src_map]
+            if ts and ss:
+                weights[np.ix_([tgt_map[t_at + t] for t in ts], [src_map[s_at + s] for s in ss])] = matrix[np.ix_(ts, ss)]
         s_at, t_at = s_at + n_s, t_at + n_t
     for t in range(len(tgt_words)):  # a word the model never wrote (a list marker put back) on its source twin
         if not weights[t].any():

@@ -159,8 +159,14 @@ def word_weights(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) 
     tgt_words = [rows for w, rows in group_words(tgt_pieces) if w != "</s>"]
     if not src_words or not tgt_words:
         return weights.new_zeros(len(tgt_words), len(src_words))
-    by_word = torch.stack([weights[rows].mean(dim=0) for rows in tgt_words])  # (Tw, S)
-    return torch.stack([by_word[:, cols].sum(dim=1) for cols in src_words], dim=1)  # (Tw, Sw)
+    # one index_add_ a side, not a small op a word (the documents' alignment pass reads every sentence)
+    rows = torch.tensor([r for group in tgt_words for r in group], device=weights.device)
+    row_word = torch.tensor([w for w, group in enumerate(tgt_words) for _ in group], device=weights.device)
+    counts = torch.tensor([len(group) for group in tgt_words], device=weights.device, dtype=weights.dtype)
+    by_word = weights.new_zeros(len(tgt_words), weights.size(1)).index_add_(0, row_word, weights[rows]) / counts[:, None]  # (Tw, S)
+    cols = torch.tensor([c for group in src_words for c in group], device=weights.device)
+    col_word = torch.tensor([w for w, group in enumerate(src_words) for _ in group], device=weights.device)
+    return weights.new_zeros(len(tgt_words), len(src_words)).index_add_(1, col_word, by_word[:, cols])  # (Tw, Sw)
 
 
 def align_words(weights: Tensor, src_pieces: list[str], tgt_pieces: list[str]) -> list[tuple[int, int, float]]:
