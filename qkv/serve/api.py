@@ -159,6 +159,8 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
                     {"texts": ["A man rides a bike."], "beam_size": 5},
                     {"texts": ["A man rides a bike."], "beam_size": 5, "n_best": 3},
                     {"texts": ["A man rides a bike."], "confidence": True},
+                    {"texts": ["A man rides a bike."], "attention": True},
+                    {"texts": ["<p>A man rides <b>a bike</b>.</p>"], "format": "html"},
                     {"texts": ["A man rides a bike."], "glossary": [["bike", "Fahrrad"]]},
                     {"texts": ["A man rides a bike."], "sampling": True, "top_p": 0.9, "seed": 1},
                 ],
