@@ -11,6 +11,7 @@ document back with the format's writer. The same placement puts a given translat
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from dataclasses import dataclass, field
 
@@ -88,13 +89,51 @@ def segment_weights(source_text: str, target_text: str, sentences: list[str], ou
     return weights
 
 
-def _alignments(model, tokenizer, sentences: list[list[str]], outputs: list[list[str]]) -> list[list]:
+class Encodings:
+    """The encoder outputs a search in this process computed, kept by source sentence while it runs, so
+    that the alignment pass does not encode the same sentences again (``encode``: ``model.encode`` for a
+    batch, from what was kept where every sentence of it was, else computed). Hooks on the model's source
+    embedding (its input: the batch) and final encoder norm (its output: the memory), removed on exit."""
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model, self.pad_id, self.kept, self.src, self.hooks = model, pad_id, {}, None, []
+
+    def __enter__(self) -> Encodings:
+        self.hooks = [self.model.src_embed.register_forward_pre_hook(self._source),
+                      self.model.encoder_norm.register_forward_hook(self._memory)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+    def _source(self, module, args) -> None:
+        self.src = args[0]  # (B, S); a tied embedding also sees target tokens, after the encoder's norm
+
+    def _memory(self, module, args, output) -> None:
+        if self.src is None or self.src.shape != output.shape[:2]:
+            return
+        for b in range(self.src.size(0)):
+            ids = self.src[b][self.src[b] != self.pad_id]
+            self.kept[tuple(ids.tolist())] = output[b, : ids.numel()]  # (S_b, D), EOS included
+
+    def encode(self, src):
+        rows = [self.kept.get(tuple(row[row != self.pad_id].tolist())) for row in src]
+        if any(r is None for r in rows):
+            return self.model.encode(src)
+        memory = rows[0].new_zeros(src.size(0), src.size(1), rows[0].size(-1))  # (B, S, D), padding zero (masked)
+        for b, r in enumerate(rows):
+            memory[b, : r.size(0)] = r
+        return memory, src != self.pad_id, []
+
+
+def _alignments(model, tokenizer, sentences: list[list[str]], outputs: list[list[str]], encode=None) -> list[list]:
     """Each line's sentence matrices, read in one batched pass."""
     from qkv.inspect.align import word_weight_matrices
 
     flat_src = [s for line in sentences for s in line]
     flat_tgt = [t for line in outputs for t in line]
-    matrices = word_weight_matrices(model, tokenizer, flat_src, flat_tgt)
+    matrices = word_weight_matrices(model, tokenizer, flat_src, flat_tgt, encode=encode)
     out, at = [], 0
     for line in sentences:
         out.append([m.numpy() for m in matrices[at : at + len(line)]])
@@ -120,18 +159,22 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
     """Each segment's placed translation (a node list) and its report. Segments of the same text are
     translated once. ``model``: the qkv model to align (and judge) with, by default the translator's."""
     unique = list(dict.fromkeys(s.text for s in segments if s.text.strip()))
-    if glossary is not None:
-        from qkv.infer.terms import translate_with_glossary
-
-        results = translate_with_glossary(translator, unique, glossary, always=glossary_always) if unique else []
-        texts, sentences, outputs = [r.text for r in results], [r.sources for r in results], [r.outputs for r in results]
-    else:
-        lines = translator.translate_lines(unique) if unique else []
-        texts, sentences, outputs = [x.text for x in lines], [x.sentences for x in lines], [x.outputs for x in lines]
     model = model if model is not None else alignment_model(translator)
+    # The search's own encoder outputs, where it runs here on the model that aligns (not in workers, not CTranslate2)
+    encodings = Encodings(model, translator.tokenizer.pad_id) if getattr(translator, "model", None) is model else None
+    with encodings if encodings is not None else contextlib.nullcontext():
+        if glossary is not None:
+            from qkv.infer.terms import translate_with_glossary
+
+            results = translate_with_glossary(translator, unique, glossary, always=glossary_always) if unique else []
+            texts, sentences, outputs = [r.text for r in results], [r.sources for r in results], [r.outputs for r in results]
+        else:
+            lines = translator.translate_lines(unique) if unique else []
+            texts, sentences, outputs = [x.text for x in lines], [x.sentences for x in lines], [x.outputs for x in lines]
     marked = {s.text for s in segments if s.spans}  # a segment without markup needs no alignment
     wanted = [k for k, text in enumerate(unique) if text in marked]
-    read = _alignments(model, translator.tokenizer, [sentences[k] for k in wanted], [outputs[k] for k in wanted])
+    read = _alignments(model, translator.tokenizer, [sentences[k] for k in wanted], [outputs[k] for k in wanted],
+                       encode=encodings.encode if encodings is not None else None)
     matrices: list = [None] * len(unique)
     for k, found in zip(wanted, read):
         matrices[k] = found

@@ -133,7 +133,7 @@ def align(
 
 
 def _piece_weights(model: Transformer, tokenizer: TextTokenizer, src_ids: list[list[int]], tgt_ids: list[list[int]],
-                   method: str, layer: int, head: int | None, row: str, max_tokens: int):
+                   method: str, layer: int, head: int | None, row: str, max_tokens: int, encode=None):
     """(index, (T, S) weights of the pair's pieces with EOS, source pieces, target pieces) for each pair
     with both sides non-empty, read in batches of similar length."""
     todo = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
@@ -145,7 +145,7 @@ def _piece_weights(model: Transformer, tokenizer: TextTokenizer, src_ids: list[l
             [src_ids[i] for i in indices], [tgt_ids[i] for i in indices],
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T)
-        cross = _scores(model, src, tgt_in, method, layer, head)  # (B, T, S)
+        cross = _scores(model, src, tgt_in, method, layer, head, encode or model.encode)  # (B, T, S)
         if row == "input":  # target piece t is the input at position t + 1; EOS's row (unused) zero
             cross = torch.cat([cross[:, 1:], torch.zeros_like(cross[:, :1])], dim=1)
         for b, i in enumerate(indices):
@@ -156,11 +156,12 @@ def _piece_weights(model: Transformer, tokenizer: TextTokenizer, src_ids: list[l
 
 @torch.inference_mode()
 def word_weight_matrices(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,
-                         max_tokens: int = 4096) -> list[torch.Tensor]:
+                         max_tokens: int = 4096, encode=None) -> list[torch.Tensor]:
     """(target words, source words) weights of each pair, read as ``align`` reads the model by default
     (its alignment head where it was trained with one; ``default_reading``) and merged into the words
     of the detokenized text as ``word_weights`` merges them. An empty side gives an empty matrix.
-    What a document's markup is placed by (``qkv.document.placement``)."""
+    What a document's markup is placed by (``qkv.document.placement``). ``encode``: in place of
+    ``model.encode`` (the document layer passes the encoder outputs its search already computed)."""
     if len(targets) != len(sources):
         raise QkvError(f"{len(sources)} sources but {len(targets)} targets: one target per source")
     method, layer, head = default_reading(model.config)
@@ -169,19 +170,22 @@ def word_weight_matrices(model: Transformer, tokenizer: TextTokenizer, sources: 
     src_ids = [tokenizer.encode(s)[:limit] for s in sources]
     tgt_ids = [tokenizer.encode_target(t)[:limit] for t in targets]
     out = [torch.zeros(len(t.split()), len(s.split())) for s, t in zip(sources, targets)]
-    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, DEFAULT_ROW, max_tokens):
+    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, DEFAULT_ROW,
+                                                       max_tokens, encode):
         out[i] = word_weights(w, src_pieces, tgt_pieces).cpu()
     return out
 
 
-def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None) -> torch.Tensor:
-    """(B, T, S) source scores of each target position: src (B, S), tgt_in (B, T)."""
+def _scores(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor, method: str, layer: int, head: int | None,
+            encode) -> torch.Tensor:
+    """(B, T, S) source scores of each target position: src (B, S), tgt_in (B, T); ``encode``: the
+    model's encoder (or outputs it already computed for these sentences)."""
     if method == "attention" and head == 0 and model.config.alignment_context == "full" and \
             layer % len(model.decoder_layers) == model.config.alignment_layer:  # a full-context head: its own pass
-        memory, src_mask, _ = model.encode(src)
+        memory, src_mask, _ = encode(src)
         return model.alignment_head(tgt_in, memory, src_mask).float()
     if method == "attention":  # the plain pass: no decomposition needed
-        memory, src_mask, _ = model.encode(src)
+        memory, src_mask, _ = encode(src)
         _, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # no logits needed
         cross = weights.cross[layer].float()  # (B, H, T, S)
         return cross.mean(dim=1) if head is None else cross[:, head]

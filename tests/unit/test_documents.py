@@ -374,3 +374,34 @@ def test_po_keeps_a_messages_lines_its_translated_plural_forms_and_exactly_nplur
 def test_a_block_beyond_the_word_bound_is_refused_before_any_work():
     with pytest.raises(QkvError, match="qkv translates blocks of up to 2,000 words"):
         read("<p>" + "word " * 2001 + "</p>", "html")
+
+
+def test_the_alignment_pass_reads_the_searchs_own_encoder_outputs_and_gets_the_same_weights(random_checkpoint):
+    import dataclasses
+
+    import torch
+
+    from qkv.data.sentences import TextOptions
+    from qkv.document.translate import Encodings
+    from qkv.infer.translator import Translator
+    from qkv.inspect.align import word_weight_matrices
+    from qkv.io import checkpoint
+    from qkv.model.transformer import Transformer
+
+    loaded = checkpoint.load(random_checkpoint)
+    torch.manual_seed(1)  # a model with a full-context alignment head: the pass that encodes again
+    model = Transformer(dataclasses.replace(loaded.model.config, alignment_layer=0, alignment_context="full")).eval()
+    translator = Translator(model, loaded.tokenizer, text=TextOptions(split="en", recase=True))
+    sources = ["A man rides a bike.", "Two dogs play in the snow. A cat sleeps."]
+    encodings = Encodings(model, loaded.tokenizer.pad_id)
+    with encodings:
+        lines = translator.translate_lines(sources)
+    flat_src = [s for line in lines for s in line.sentences]
+    flat_tgt = [t for line in lines for t in line.outputs]
+    assert {tuple(loaded.tokenizer.encode(s)) + (loaded.tokenizer.eos_id,) for s in flat_src} <= set(encodings.kept)
+    called = []
+    model.encode = lambda src, **kw: called.append(src) or Transformer.encode(model, src, **kw)  # counts fresh encodes
+    kept = word_weight_matrices(model, loaded.tokenizer, flat_src, flat_tgt, encode=encodings.encode)
+    assert called == []  # every sentence's memory was the search's
+    fresh = word_weight_matrices(model, loaded.tokenizer, flat_src, flat_tgt)
+    assert called and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(kept, fresh))
