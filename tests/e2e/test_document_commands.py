@@ -86,8 +86,10 @@ def test_markup_is_placed_onto_a_given_translation(tiny_run, tmp_path):
 
 
 def test_subtitles_keep_their_cues_and_a_catalogue_passes_msgfmt(tiny_run, tmp_path):
-    done = qkv("translate", "--checkpoint", tiny_run, "--format", "srt", "--beam", "2", cwd=tmp_path, stdin=SRT)
+    done = qkv("translate", "--checkpoint", tiny_run, "--format", "srt", "--beam", "2", "--confidence", "json", cwd=tmp_path, stdin=SRT)
     assert done.returncode == 0, done.stderr
+    reports = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [r["where"] for r in reports] == ["cue 1"] and 0 <= reports[0]["confidence"] <= 1  # one sentence over two cues
     lines = lambda text: [b.splitlines()[:2] for b in text.strip().split("\n\n")]  # noqa: E731
     assert lines(done.stdout) == lines(SRT) and all(len(b.splitlines()) >= 3 for b in done.stdout.strip().split("\n\n"))
     (tmp_path / "de.po").write_text(PO, encoding="utf-8")

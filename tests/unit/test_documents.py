@@ -405,3 +405,14 @@ def test_the_alignment_pass_reads_the_searchs_own_encoder_outputs_and_gets_the_s
     assert called == []  # every sentence's memory was the search's
     fresh = word_weight_matrices(model, loaded.tokenizer, flat_src, flat_tgt)
     assert called and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(kept, fresh))
+
+
+def test_a_po_entry_whose_segment_is_flagged_is_marked_fuzzy():
+    from qkv.document.translate import SegmentReport
+
+    document = read(PO, "po")
+    placed = [place(s, s.text.upper(), None) for s in document.segments]
+    reports = [SegmentReport(s.where, s.text, s.text.upper(), 0.9, ["copy"] if k == 0 else []) for k, s in enumerate(document.segments)]
+    out = document.write(placed, reports)
+    assert '#, python-format, fuzzy\nmsgid "Deleted' in out  # the first entry's segment was flagged
+    assert out.count("fuzzy") == 1
