@@ -28,19 +28,35 @@ def check_document_args(args: argparse.Namespace) -> None:
             raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
 
 
-def read_document(path: str | None) -> str:
-    """A whole document, from a file or stdin, as UTF-8 text (a one-line error where it is not)."""
-    raw = open(path, "rb").read() if path else getattr(sys.stdin, "buffer", sys.stdin).read()
+def read_document(path: str | None, format: str | None = None) -> str:
+    """A whole document, from a file or stdin, as UTF-8 text (a one-line error where it is not, or where
+    it is longer than ``MAX_BYTES`` characters: read no further than that); with ``format``, also read
+    as that format, so that a broken document is refused before any model loads."""
+    from qkv.document.formats import MAX_BYTES, read
+
+    limit = 4 * MAX_BYTES + 1  # UTF-8 writes a character in at most 4 bytes
+    if path:
+        with open(path, "rb") as handle:
+            raw = handle.read(limit)
+    else:
+        raw = getattr(sys.stdin, "buffer", sys.stdin).read(limit)
+    if len(raw) >= limit:
+        raise QkvError(f"{path or 'standard input'}: qkv translates documents of up to {MAX_BYTES:,} characters (split it)")
     if isinstance(raw, str):
-        return raw
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise QkvError(f"{path or 'standard input'}, line {line}: not UTF-8 text (byte {error.start})") from None
+        text = raw
+    else:
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as error:
+            line = raw[: error.start].count(b"\n") + 1
+            raise QkvError(f"{path or 'standard input'}, line {line}: not UTF-8 text (byte {error.start})") from None
+    if format is not None:
+        read(text, format)
+    return text
 
 
-def translate_document_command(args: argparse.Namespace, format: str, model, tokenizer, glossary, inputs, reads) -> int:
+def translate_document_command(args: argparse.Namespace, text: str, format: str, model, tokenizer, glossary, inputs,
+                               reads) -> int:
     """``qkv translate --format F``: the whole input translated as one document, written whole (to -o only
     once it is done: nothing is written on failure). With --confidence, a line per segment on stderr:
     where it is, its confidence and flags."""
@@ -51,7 +67,6 @@ def translate_document_command(args: argparse.Namespace, format: str, model, tok
     from qkv.cli.trust import trust_model
     from qkv.document.translate import translate_document
 
-    text = read_document(args.input)
     own, _, calibration = trust_model(args, model, tokenizer, notice=bool(args.confidence))
     lang = args.lang or (checkpoint.read_config(args.checkpoint[0]).get("data") or {}).get("tgt_lang")
     translator = translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens,
@@ -97,7 +112,7 @@ def markup(args: argparse.Namespace) -> int:
     if format not in MARKUP_FORMATS:
         raise QkvError(f"a {format} document has no inline markup to place: qkv markup takes html or markdown "
                        "(translate the others with qkv translate --format)")
-    source, translation = read_document(args.source), read_document(args.input)
+    source, translation = read_document(args.source, format), read_document(args.input, format)
     loaded = checkpoint.load(args.checkpoint)
     text = place_markup(loaded.model, loaded.tokenizer, source, translation, format)
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:

@@ -112,6 +112,8 @@ def test_bad_documents_are_one_line_and_nothing_is_written(tiny_run, tmp_path):
     done = qkv("translate", "--checkpoint", tiny_run, "-i", "broken.srt", "-o", "out.srt", cwd=tmp_path)
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1 and "line 1" in done.stderr
     assert not (tmp_path / "out.srt").exists()
+    early = qkv("translate", "--checkpoint", tmp_path / "no-such-run", "-i", "broken.srt", cwd=tmp_path)
+    assert early.returncode != 0 and "line 1: not a SubRip cue" in early.stderr  # read before any model loads
     (tmp_path / "page.html").write_text(PAGE, encoding="utf-8")
     same = qkv("translate", "--checkpoint", tiny_run, "-i", "page.html", "-o", "page.html", cwd=tmp_path)
     assert same.returncode != 0 and (tmp_path / "page.html").read_text(encoding="utf-8") == PAGE
