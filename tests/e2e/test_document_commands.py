@@ -177,3 +177,21 @@ def test_the_page_shows_a_document_and_its_translation_and_runs_none_of_its_scri
         assert browser.find_element(By.TAG_NAME, "b") is not None  # rendered, markup and all
         browser.switch_to.default_content()
         assert browser.title == title  # neither the script nor the onerror handler ran
+
+
+def test_a_glossarys_terms_hold_in_a_document(tiny_run):
+    from qkv.data.sentences import TextOptions
+    from qkv.document.translate import translate_document
+    from qkv.infer.glossary import Glossary
+    from qkv.infer.search import DecodeConfig
+    from qkv.infer.translator import Translator
+    from qkv.io import checkpoint
+
+    loaded = checkpoint.load(tiny_run / "final")
+    translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=4), text=TextOptions(split="en", recase=True))
+    page = '<p>A <b>man</b> in a blue shirt climbs a <a href="/l">ladder</a>.</p>'
+    glossary = Glossary.parse(["man\tFeuerwehrmann", "ladder\tLeiter"])  # --numbers goes the same way (a Glossary)
+    out = translate_document(translator, page, "html", glossary=glossary).text
+    soup = BeautifulSoup(out, "html5lib")
+    assert "Feuerwehrmann" in soup.p.get_text() and "Leiter" in soup.p.get_text()  # in the 60-step model's nonsense
+    assert len(soup.find_all("b")) == 1 and soup.find("a")["href"] == "/l"
