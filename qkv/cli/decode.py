@@ -71,17 +71,18 @@ def translate(args: argparse.Namespace) -> int:
     glossary = load_glossary(args)
     if glossary is not None and args.confidence and args.glossary_report:
         raise QkvError("--glossary-report and --confidence each write a line of their own: choose one")
-    from qkv.cli.document import check_document_args, document_format, read_document
+    from qkv.cli.document import check_document_args, document_format, read_input_document
 
-    document = args.format or document_format(args.input)
-    if document:  # the whole document read, and refused if broken, before any model loads
+    format = args.format or document_format(args.input)
+    document = None
+    if format:  # the whole document read, and refused if broken, before any model loads
         check_document_args(args)
-        text = read_document(args.input, document)
+        document = read_input_document(args, format)
     model, tokenizer = decoding_model(args)
-    if document:
+    if document is not None:
         from qkv.cli.document import translate_document_command
 
-        return translate_document_command(args, text, document, model, tokenizer, glossary, inputs, reads)
+        return translate_document_command(args, document, model, tokenizer, glossary, inputs, reads)
     translator = translator_of(args, model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                                workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
     annotate = annotator(args, model, tokenizer) if args.confidence else None

@@ -28,11 +28,10 @@ def check_document_args(args: argparse.Namespace) -> None:
             raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
 
 
-def read_document(path: str | None, format: str | None = None) -> str:
+def read_document(path: str | None) -> str:
     """A whole document, from a file or stdin, as UTF-8 text (a one-line error where it is not, or where
-    it is longer than ``MAX_BYTES`` characters: read no further than that); with ``format``, also read
-    as that format, so that a broken document is refused before any model loads."""
-    from qkv.document.formats import MAX_BYTES, read
+    it is longer than ``MAX_BYTES`` characters: read no further than that)."""
+    from qkv.document.formats import MAX_BYTES
 
     limit = 4 * MAX_BYTES + 1  # UTF-8 writes a character in at most 4 bytes
     if path:
@@ -50,31 +49,40 @@ def read_document(path: str | None, format: str | None = None) -> str:
         except UnicodeDecodeError as error:
             line = raw[: error.start].count(b"\n") + 1
             raise QkvError(f"{path or 'standard input'}, line {line}: not UTF-8 text (byte {error.start})") from None
-    if format is not None:
-        read(text, format)
     return text
 
 
-def translate_document_command(args: argparse.Namespace, text: str, format: str, model, tokenizer, glossary, inputs,
-                               reads) -> int:
+def read_input_document(args: argparse.Namespace, format: str):
+    """The --input document (or stdin's) read as ``format``, with the target language it is to say: done
+    before any model loads, so that a broken document costs nothing."""
+    from qkv.io import checkpoint
+    from qkv.document.formats import read
+
+    text, lang = read_document(args.input), args.lang
+    if lang is None:
+        try:  # a checkpoint that cannot be read is reported when the model loads, after the document
+            lang = (checkpoint.read_config(args.checkpoint[0]).get("data") or {}).get("tgt_lang")
+        except QkvError:
+            lang = None
+    return read(text, format, target_lang=lang)
+
+
+def translate_document_command(args: argparse.Namespace, document, model, tokenizer, glossary, inputs, reads) -> int:
     """``qkv translate --format F``: the whole input translated as one document, written whole (to -o only
     once it is done: nothing is written on failure). With --confidence, a line per segment on stderr:
     where it is, its confidence and flags."""
     import json
 
-    from qkv.io import checkpoint
     from qkv.io.outputs import output_or_stdout
     from qkv.cli.trust import trust_model
-    from qkv.document.translate import translate_document
+    from qkv.document.translate import translate_read
 
     own, _, calibration = trust_model(args, model, tokenizer, notice=bool(args.confidence))
-    lang = args.lang or (checkpoint.read_config(args.checkpoint[0]).get("data") or {}).get("tgt_lang")
     translator = translator_of(args, model, tokenizer, decode_config(args), max_tokens=args.batch_tokens,
                                workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
     with translator:
-        result = translate_document(translator, text, format, target_lang=lang, glossary=glossary,
-                                    glossary_always=args.glossary_always, confidence=bool(args.confidence),
-                                    calibration=calibration, model=own)
+        result = translate_read(translator, document, glossary=glossary, glossary_always=args.glossary_always,
+                                confidence=bool(args.confidence), calibration=calibration, model=own)
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.write(result.text)
     if args.confidence:
@@ -101,7 +109,7 @@ def markup(args: argparse.Namespace) -> int:
     from qkv.io import checkpoint
     from qkv.io.outputs import check_output, output_or_stdout, read_dirs
     from qkv.document.formats import format_of
-    from qkv.document.translate import place_markup
+    from qkv.document.translate import place_read_markup, read_markup_pair
 
     inputs, reads = (args.source, args.input), read_dirs([args.checkpoint])
     if args.output:
@@ -112,9 +120,9 @@ def markup(args: argparse.Namespace) -> int:
     if format not in MARKUP_FORMATS:
         raise QkvError(f"a {format} document has no inline markup to place: qkv markup takes html or markdown "
                        "(translate the others with qkv translate --format)")
-    source, translation = read_document(args.source, format), read_document(args.input, format)
+    pair = read_markup_pair(read_document(args.source), read_document(args.input), format)  # before the model loads
     loaded = checkpoint.load(args.checkpoint)
-    text = place_markup(loaded.model, loaded.tokenizer, source, translation, format)
+    text = place_read_markup(loaded.model, loaded.tokenizer, *pair)
     with output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads) as sink:
         sink.write(text)
     return 0

@@ -210,21 +210,35 @@ def translate_document(translator, text: str, format: str, *, target_lang: str |
     terms each segment's translation must hold (``qkv.translate_with_glossary``). ``confidence``: a confidence and flags per segment in the report
     (``calibration`` as for ``qkv.translate_with_confidence``); a PO entry whose segment is flagged is
     marked fuzzy."""
-    document = read(text, format, target_lang=target_lang)
-    placed, reports = translate_segments(translator, document.segments, glossary=glossary, glossary_always=glossary_always,
-                                         calibration=calibration, confidence=confidence, model=model)
+    return translate_read(translator, read(text, format, target_lang=target_lang), glossary=glossary,
+                          glossary_always=glossary_always, confidence=confidence, calibration=calibration, model=model)
+
+
+def translate_read(translator, document: Document, **options) -> TranslatedDocument:
+    """A document already read (``qkv.document.formats.read``: the command line reads it before any model
+    loads) translated as ``translate_document`` translates one; ``options`` are its keywords."""
+    placed, reports = translate_segments(translator, document.segments, **options)
     return TranslatedDocument(document.write(placed, reports), reports)
+
+
+def read_markup_pair(source: str, translation: str, format: str) -> tuple[Document, list[str]]:
+    """``source`` read with its markup, and the text of each block of ``translation`` (the same blocks,
+    without inline markup); a QkvError where the blocks do not pair up."""
+    document, given = read(source, format), read(translation, format)
+    if len(given.segments) != len(document.segments):
+        raise QkvError(f"the translation has {len(given.segments)} text blocks where the source has "
+                       f"{len(document.segments)}: give a translation of the same blocks, without inline markup")
+    return document, [g.text for g in given.segments]
 
 
 def place_markup(model, tokenizer, source: str, translation: str, format: str) -> str:
     """``translation`` (the document ``source`` translated, block for block, without its inline markup)
     with ``source``'s inline markup placed on it by ``model``'s alignment (``qkv markup``)."""
-    document = read(source, format)
-    given = read(translation, format)
-    if len(given.segments) != len(document.segments):
-        raise QkvError(f"the translation has {len(given.segments)} text blocks where the source has "
-                       f"{len(document.segments)}: give a translation of the same blocks, without inline markup")
-    targets = [g.text for g in given.segments]
+    return place_read_markup(model, tokenizer, *read_markup_pair(source, translation, format))
+
+
+def place_read_markup(model, tokenizer, document: Document, targets: list[str]) -> str:
+    """``place_markup`` on a pair ``read_markup_pair`` read."""
     sources = [s.text for s in document.segments]
     matrices = _alignments(model, tokenizer, [[s] for s in sources], [[t] for t in targets])
     placed = [place(s, t, m[0]) for s, t, m in zip(document.segments, targets, matrices)]

@@ -367,7 +367,8 @@ def create_app(
         if refused := documents.refusal(body):
             return _unprocessable(refused[0], "not_with_format", refused[1])
         try:
-            segments = documents.segments(body)
+            parsed = documents.read(body)  # once: these documents are the ones translated
+            segments = [segment.text for document in parsed for segment in document.segments]
         except QkvError as error:
             return _unprocessable("texts", "bad_document", str(error))
         except Exception:  # a bug or a parser's failure: the client gets JSON, the log the traceback
@@ -379,7 +380,7 @@ def create_app(
         if parts.total > max_work:
             return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
         try:
-            answer = await asyncio.wait_for(documents.translate(body, settings), timeout)
+            answer = await asyncio.wait_for(documents.translate(body, settings, parsed), timeout)
         except asyncio.TimeoutError:
             batcher.stats.timed_out += 1
             return _error(504, f"translation took longer than this server's limit of {timeout:g} s (--request-timeout)")

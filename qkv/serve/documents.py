@@ -17,7 +17,7 @@ from typing import Any
 from qkv.errors import QkvError
 from qkv.data.sentences import TextOptions
 from qkv.document.formats import read
-from qkv.document.translate import translate_document
+from qkv.document.translate import translate_read
 
 NOT_WITH_DOCUMENTS = ("n_best", "sampling", "attention", "max_length")
 
@@ -37,32 +37,31 @@ class DocumentTranslator:
                 return name, f"{name} goes with texts of lines, not with a format's documents"
         return None
 
-    def segments(self, body) -> list[str]:
-        """Every segment's text of the request's documents (a QkvError names a broken one)."""
+    def read(self, body) -> list:
+        """The request's documents, read (a QkvError names a broken one); what ``translate`` translates."""
         out = []
         for i, text in enumerate(body.texts):
             try:
-                out += [s.text for s in read(text, body.format, target_lang=self.tgt_lang).segments]
+                out.append(read(text, body.format, target_lang=self.tgt_lang))
             except QkvError as error:
                 raise QkvError(f"texts[{i}]: {error}") from None
         return out
 
-    def _translate(self, body, settings) -> dict[str, Any]:
+    def _translate(self, body, settings, documents: list) -> dict[str, Any]:
         with self.lock:
-            return self._translate_now(body, settings)
+            return self._translate_now(body, settings, documents)
 
-    def _translate_now(self, body, settings) -> dict[str, Any]:
+    def _translate_now(self, body, settings, documents: list) -> dict[str, Any]:
         batcher = self.batcher
         config = replace(settings.decode_config(), length_penalty=batcher.length_penalty, loop_guard=batcher.loop_guard)
         options = TextOptions(split=self.src_lang if body.split else None, recase=not body.keep_case)
         translator = batcher.make_translator(config, text=options)  # the server's engine, as for lines
-        results = [translate_document(translator, text, body.format, target_lang=self.tgt_lang, glossary=settings.glossary,
-                                      confidence=body.confidence, calibration=self.calibration, model=batcher.model)
-                   for text in body.texts]
+        results = [translate_read(translator, document, glossary=settings.glossary, confidence=body.confidence,
+                                  calibration=self.calibration, model=batcher.model) for document in documents]
         answer: dict[str, Any] = {"translations": [r.text for r in results]}
         if body.confidence:
             answer["segments"] = [[s.as_dict() for s in r.segments] for r in results]
         return answer
 
-    async def translate(self, body, settings) -> dict[str, Any]:
-        return await asyncio.to_thread(self._translate, body, settings)
+    async def translate(self, body, settings, documents: list) -> dict[str, Any]:
+        return await asyncio.to_thread(self._translate, body, settings, documents)
