@@ -78,6 +78,8 @@ def translate(args: argparse.Namespace) -> int:
     if format:  # the whole document read, and refused if broken, before any model loads
         check_document_args(args)
         document = read_input_document(args, format)
+    elif args.lang:
+        raise QkvError("--lang is the language written into a document: it goes with --format (or a document's --input)")
     model, tokenizer = decoding_model(args)
     if document is not None:
         from qkv.cli.document import translate_document_command

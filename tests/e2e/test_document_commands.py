@@ -195,3 +195,8 @@ def test_a_glossarys_terms_hold_in_a_document(tiny_run):
     soup = BeautifulSoup(out, "html5lib")
     assert "Feuerwehrmann" in soup.p.get_text() and "Leiter" in soup.p.get_text()  # in the 60-step model's nonsense
     assert len(soup.find_all("b")) == 1 and soup.find("a")["href"] == "/l"
+
+
+def test_lang_without_a_document_is_refused_not_ignored(tiny_run, tmp_path):
+    done = qkv("translate", "--checkpoint", tiny_run, "--lang", "de", cwd=tmp_path, stdin="A dog.\n")
+    assert done.returncode != 0 and "--lang" in done.stderr and done.stdout == ""
