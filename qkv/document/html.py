@@ -59,8 +59,7 @@ def _is_inline(node) -> bool:
 
     if isinstance(node, NavigableString):
         return True
-    return isinstance(node, Tag) and (node.name in INLINE or node.name in VOID or node.name in INLINE_VERBATIM
-                                      or (_kept(node) and node.name in INLINE))
+    return isinstance(node, Tag) and (node.name in INLINE or node.name in VOID or node.name in INLINE_VERBATIM)
 
 
 def _check_shape(soup) -> None:
@@ -132,7 +131,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
             attributes_of(node)
         run: list = []
         for child in list(node.children):
-            if _is_inline(child) and not (isinstance(child, Tag) and child.name in VERBATIM and child.name not in INLINE_VERBATIM):
+            if _is_inline(child):
                 run.append(child)
                 continue
             flush(run, node)
@@ -145,7 +144,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
     if soup.head is not None:
         for tag in soup.head.find_all("title"):
             walk(tag)
-    if target_lang and soup.html is not None and _PAGE.search(text):
+    page = bool(_PAGE.search(text))  # a page comes back as a page, a fragment as a fragment
+    if target_lang and soup.html is not None and page:
         soup.html["lang"] = target_lang
 
     def write(placed: list[list], reports=None) -> str:
@@ -163,7 +163,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
                 anchor.insert_before(node)
             anchor.extract()
         formatter = _formatter()
-        if _PAGE.search(text):
+        if page:
             return soup.decode(formatter=formatter)
         out = []
         for node in soup.contents:  # a fragment: its comments, then what html5lib put in head and body

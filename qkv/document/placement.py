@@ -84,10 +84,10 @@ def _best_run(score: np.ndarray, free: np.ndarray, lo: int, hi: int) -> tuple[in
     negative term weighted by ``OUTSIDE_WEIGHT``; Kadane's algorithm); failing a positive sum, the single free word with the largest score above
     ``SINGLE_WORD``;
     None when nothing fits."""
-    aligned = np.flatnonzero(score[lo:hi] > SINGLE_WORD)  # a run starts and ends on such words: search only there
+    aligned = lo + np.flatnonzero(score[lo:hi] > SINGLE_WORD)  # a run starts and ends on such words: search only there
     if aligned.size == 0:
         return None
-    lo, hi = lo + int(aligned[0]), lo + int(aligned[-1]) + 1
+    lo, hi = int(aligned[0]), int(aligned[-1]) + 1
     best, best_run, total, start = 0.0, None, 0.0, lo
     for t in range(lo, hi):
         if not free[t]:
@@ -101,7 +101,7 @@ def _best_run(score: np.ndarray, free: np.ndarray, lo: int, hi: int) -> tuple[in
             best, best_run = total, (start, t + 1)
     if best_run is not None:
         return best_run
-    candidates = [t for t in range(lo, hi) if free[t] and score[t] > SINGLE_WORD]
+    candidates = [int(t) for t in aligned if free[t]]  # the aligned words still free
     if not candidates:
         return None
     t = max(candidates, key=lambda t: score[t])
@@ -193,7 +193,7 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
     source_words, target_words = words(segment.text), words(target)
     n_t, n_s = len(target_words), len(source_words)
     if weights is None or np.shape(weights) != (n_t, n_s) or n_t == 0 or n_s == 0:
-        weights = fallback_weights(max(n_t, 1), max(n_s, 1))[:n_t or 1, : n_s or 1] if n_t and n_s else np.zeros((n_t, n_s))
+        weights = fallback_weights(n_t, n_s) if n_t and n_s else np.zeros((n_t, n_s))
     scores = _Scores(weights, ROW_SHARE if row_share is None else row_share) if n_t and n_s else None
     spans = segment.spans
     children: dict[int | None, list[int]] = {}
@@ -202,18 +202,19 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
     placed: dict[int, tuple[int, int] | None] = {}  # element -> target word run, None when it cannot be placed
     target_starts = [a for a, _ in target_words]
     source_starts, source_ends = [a for a, _ in source_words], [b for _, b in source_words]
+    covered = [_covered(span, source_words, source_ends) for span in spans]  # the source words of each span
     exact: dict[int, tuple[int, int]] = {}  # an element inside a word the translation kept as it was
     for i, span in enumerate(spans):  # (H<sub>2</sub>O, E=mc<sup>2</sup>) -> its character range there
-        if not span.void and (found := _in_kept_word(span, segment.text, source_words, target, target_words, scores, source_ends)):
+        if not span.void and (found := _in_kept_word(span, covered[i], segment.text, source_words, target, target_words, scores)):
             exact[i] = found
 
     def place_within(parent: int | None, lo: int, hi: int) -> None:
-        kids = [i for i in children.get(parent, []) if not spans[i].void and _covered(spans[i], source_words, source_ends)]
+        kids = [i for i in children.get(parent, []) if not spans[i].void and covered[i]]
         if scores is None:
             for i in kids:
                 placed[i] = None
         elif parent is None and segment.cover and kids:
-            for i, run in zip(kids, _partition([scores.inside(_covered(spans[i], source_words, source_ends)) for i in kids], lo, hi)):
+            for i, run in zip(kids, _partition([scores.inside(covered[i]) for i in kids], lo, hi)):
                 placed[i] = run if run[0] < run[1] else None
         else:
             free = np.ones(n_t, dtype=bool)
@@ -221,7 +222,7 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
                 if i in exact:  # its word is taken
                     free[bisect.bisect_right(target_starts, exact[i][0]) - 1] = False
             kids = [i for i in kids if i not in exact]
-            inside = {i: scores.inside(_covered(spans[i], source_words, source_ends)) for i in kids}
+            inside = {i: scores.inside(covered[i]) for i in kids}
             for i in sorted(kids, key=lambda i: -float(inside[i][lo:hi].sum())):
                 run = _best_run(inside[i], free, lo, hi)
                 placed[i] = run
@@ -250,22 +251,22 @@ def place(segment: Segment, target: str, weights: np.ndarray | None, row_share: 
             ranges[i] = _trimmed(target, target_words[run[0]][0], target_words[run[1] - 1][1],
                                  segment.text[span.start : span.end], lo, hi)
             continue
-        point = _insertion(span.start, span, segment.text, source_words, target_words, target, scores, source_starts) if scores else \
-            (0 if span.start == 0 else len(target))
         previous = spans[i - 1] if i else None
         if span.void and previous is not None and previous.void and previous.parent == span.parent \
                 and previous.start == span.start and not previous.space_after:  # glued voids ("%d%%") stay together
             ranges[i] = ranges[i - 1]
             continue
+        point = _insertion(span.start, span, segment.text, source_words, target_words, target, scores, source_starts) if scores else \
+            (0 if span.start == 0 else len(target))
         ranges[i] = (min(max(point, lo), hi),) * 2  # a point inside a placed sibling is written after it (_render)
     _keep_placeholder_order(spans, ranges)
     return _render(target, spans, ranges, children, None)
 
 
-def _in_kept_word(span: Span, source: str, source_words, target: str, target_words, scores, ends: list[int]):
-    """The character range of an element that covers part of one source word, in that word's translation
-    where the translation wrote the word as it was (case aside); None otherwise."""
-    covered = _covered(span, source_words, ends)
+def _in_kept_word(span: Span, covered: list[int], source: str, source_words, target: str, target_words, scores):
+    """The character range of an element that covers part of one source word (``covered``: the source
+    words it overlaps), in that word's translation where the translation wrote the word as it was (case
+    aside); None otherwise."""
     if scores is None or len(covered) != 1:
         return None
     a, b = source_words[covered[0]]
