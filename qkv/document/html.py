@@ -164,7 +164,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
             anchor.extract()
         formatter = _formatter()
         if page:
-            return soup.decode(formatter=formatter)
+            return _with_outer_whitespace(soup, text, formatter)
         out = []
         for node in soup.contents:  # a fragment: its comments, then what html5lib put in head and body
             if node is soup.html:
@@ -174,6 +174,32 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         return "".join(out)
 
     return Document(segments, write, "html")
+
+
+_HEAD_GAP = re.compile(r"(<html\b[^>]*>)(\s*)<head\b", re.IGNORECASE)
+_TAIL = re.compile(r"</body\s*>(\s*)</html\s*>(\s*)$", re.IGNORECASE)
+
+
+def _with_outer_whitespace(soup, text: str, formatter) -> str:
+    """A page written with the whitespace the HTML standard's parser moves or drops where the source had
+    it: between ``<html>`` and ``<head>`` (dropped), and after ``</body>`` and ``</html>`` (moved to the end
+    of the body)."""
+    from bs4 import NavigableString
+
+    tail = _TAIL.search(text)
+    moved = tail.group(1) + tail.group(2) if tail else ""
+    last = soup.body.contents[-1] if soup.body is not None and soup.body.contents else None
+    if moved and type(last) is NavigableString and str(last).endswith(moved):
+        last.replace_with(str(last)[: -len(moved)])
+    else:
+        tail = None
+    out = soup.decode(formatter=formatter)
+    if tail and out.endswith("</body></html>"):
+        out = out[: -len("</body></html>")] + "</body>" + tail.group(1) + "</html>" + tail.group(2)
+    gap, found = _HEAD_GAP.search(text), _HEAD_GAP.search(out)
+    if gap and gap.group(2) and found and not found.group(2):
+        out = out[: found.end(1)] + gap.group(2) + out[found.end(1) :]
+    return out
 
 
 def _edge(run: list, first: bool) -> str:
