@@ -23,7 +23,7 @@ def document_format(path: str | None) -> str | None:
 def check_document_args(args: argparse.Namespace) -> None:
     """What a document cannot be translated with, refused before anything loads."""
     for flag, given in (("--n-best", args.n_best > 1), ("--sampling", args.sampling), ("--trace", args.trace),
-                        ("--glossary-report", args.glossary_report)):
+                        ("--glossary-report", args.glossary_report), ("--progress", args.progress)):
         if given:
             raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
 

@@ -422,3 +422,15 @@ def test_a_page_keeps_the_whitespace_around_its_head_and_after_its_body():
     page = ('<!DOCTYPE html>\n<html lang="en">\n<head><title>A dog</title></head>\n<body>\n<p>A <b>red</b> car.</p>\n'
             "</body>\n</html>\n")
     assert translated(page, "html", change=lambda s: s) == page  # html5lib drops the first gap and moves the last
+
+
+def test_options_a_document_would_ignore_are_refused():
+    import argparse
+
+    from qkv.cli.document import check_document_args
+
+    plain = dict(n_best=1, sampling=False, trace=None, glossary_report=False, progress=None)
+    check_document_args(argparse.Namespace(**plain))  # nothing asked that a document ignores
+    for flag, value in (("progress", True), ("n_best", 2), ("glossary_report", True)):
+        with pytest.raises(QkvError, match="not with a document"):
+            check_document_args(argparse.Namespace(**plain | {flag: value}))
