@@ -140,22 +140,25 @@ def _asks(run: str) -> tuple[str, ...]:
 
 
 class _NumberIndex:
-    """A translation's numbers, read once, for ``Numbers.found``."""
+    """A translation's numbers, read once, for ``Numbers.found``. Hostile text may hold 100,000 numbers:
+    the index keeps one entry a number where it can (an index, not a list of one), so that building it
+    allocates little and the garbage collector's passes stay few."""
 
     def __init__(self, translation: str) -> None:
-        self.numbers = []  # (number, start, end, its runs as (run, start, end))
-        self.by_form: dict[str, list[int]] = {}  # a number as written -> its indices
-        self.by_runs: dict[tuple[str, ...], list[int]] = {}  # its digit runs -> its indices
-        self.alone: dict[str, list[int]] = {}  # the value of a number of one run, zero-padding aside -> its indices
+        self.numbers = numbers_in(translation)  # (number, start, end)
+        self.runs: dict[int, list[tuple[str, int, int]]] = {}  # a number of several runs -> its runs as (run, start, end)
+        self.by_form: dict[str, _Indices] = {}  # a number as written -> its indices
+        self.by_runs: dict[tuple[str, ...], _Indices] = {}  # the digit runs of a number of several -> its indices
+        self.alone: dict[str, _Indices] = {}  # the value of a number of one run, zero-padding aside -> its indices
         self.by_key: dict[str, list[tuple[int, int]]] = {}  # a run's key -> (number index, run index) of dates and times
-        for n, (number, start, end) in enumerate(_numbers(translation)):
-            runs = [(r.group(), start + r.start(), start + r.end()) for r in _RUN.finditer(number)]
-            self.numbers.append((number, start, end, runs))
-            self.by_form.setdefault(number, []).append(n)
-            self.by_runs.setdefault(tuple(r for r, _, _ in runs), []).append(n)
-            if len(runs) == 1:
-                self.alone.setdefault(_run_keys(number)[0], []).append(n)
-            elif len(number_forms(number)) == 1:  # a date or a time, not a decimal or thousands
+        for n, (number, start, end) in enumerate(self.numbers):
+            _add(self.by_form, number, n)
+            if number.isdigit():  # one run (numbers_in reads ASCII digits only)
+                _add(self.alone, _run_keys(number)[0], n)
+                continue
+            runs = self.runs[n] = [(r.group(), start + r.start(), start + r.end()) for r in _RUN.finditer(number)]
+            _add(self.by_runs, tuple(r for r, _, _ in runs), n)
+            if len(number_forms(number)) == 1:  # a date or a time, not a decimal or thousands
                 for i, (run, _, _) in enumerate(runs):
                     for key in _run_keys(run):
                         self.by_key.setdefault(key, []).append((n, i))
@@ -163,16 +166,36 @@ class _NumberIndex:
     def places(self, term: NumberTerm) -> list[tuple[str, int, int]]:
         number = term.forms[0]
         runs = _RUN.findall(number)
-        whole = {n for form in term.forms for n in self.by_form.get(form, [])} | set(self.by_runs.get(tuple(runs), []))
-        hits = {self.numbers[n][:3] for n in whole}
+        whole = {n for form in term.forms for n in _get(self.by_form, form)}
+        if len(runs) > 1:
+            whole |= set(_get(self.by_runs, tuple(runs)))
+        hits = {self.numbers[n] for n in whole}
         if len(runs) == 1:  # a number standing alone zero-padded, or one run of a date or a time
-            hits |= {self.numbers[n][:3] for n in self.alone.get(_asks(number)[0], [])}
-            hits |= {self.numbers[n][3][i] for key in _asks(number) for n, i in self.by_key.get(key, [])}
+            hits |= {self.numbers[n] for n in _get(self.alone, _asks(number)[0])}
+            hits |= {self.runs[n][i] for key in _asks(number) for n, i in self.by_key.get(key, [])}
         elif len(number_forms(number)) == 1:  # a date or a time: all its runs in one date or time, in any order
             for n in {n for key in _asks(runs[0]) for n, _ in self.by_key.get(key, [])}:
-                if _holds(runs, [r for r, _, _ in self.numbers[n][3]]):
-                    hits.add(self.numbers[n][:3])
+                if _holds(runs, [r for r, _, _ in self.runs[n]]):
+                    hits.add(self.numbers[n])
         return sorted(hits, key=lambda h: (h[1], -h[2]))
+
+
+_Indices = int | list[int]  # one number's index, or the indices of several
+
+
+def _add(index: dict, key: object, n: int) -> None:
+    held = index.get(key)
+    if held is None:
+        index[key] = n
+    elif isinstance(held, list):
+        held.append(n)
+    else:
+        index[key] = [held, n]
+
+
+def _get(index: dict, key: object) -> list[int] | tuple[int, ...]:
+    held = index.get(key, ())
+    return (held,) if isinstance(held, int) else held
 
 
 def _holds(runs: list[str], others: list[str]) -> bool:
