@@ -116,7 +116,8 @@ def read_natural(directory: Path, data_dir: Path) -> tuple[list[str], list[str],
 
 def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, calibration: dict) -> None:
     inputs, translations, labels = read_natural(directory, data_dir)
-    scored = [detectors(t) for t in assess(model, tok, inputs, translations, calibration=calibration)]
+    trusts = assess(model, tok, inputs, translations, calibration=calibration)
+    scored = [detectors(t) for t in trusts]
     result["natural"] = {"lines": len(inputs), "labels": {lab: labels.count(lab) for lab in sorted(set(labels))}, "detectors": {}}
     for name, positive in (("any hallucination", {"repetition", "strongly-detached", "fully-detached"}),
                            ("fully detached", {"fully-detached"})):
@@ -124,6 +125,19 @@ def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, cali
         neg = [s for s, lab in zip(scored, labels) if lab not in positive]
         if pos:
             result["natural"]["detectors"][name] = table({name: pos}, neg)[name]
+    hallucination = {"repetition", "strongly-detached", "fully-detached"}
+    omissions = [t for t, lab in zip(trusts, labels) if lab == "omission"]
+    rest = [t for t, lab in zip(trusts, labels) if lab not in hallucination | {"omission"}]  # neither
+    correct = [t for t, lab in zip(trusts, labels) if lab == "correct"]
+    result["natural"]["flags"] = {
+        "hallucinations_flagged": [sum(bool(t.flags) for t, lab in zip(trusts, labels) if lab in hallucination),
+                                   sum(lab in hallucination for lab in labels)],
+        "correct_flagged": [sum(bool(t.flags) for t in correct), len(correct)],
+        "omissions_flagged_omission": [sum("omission" in t.flags for t in omissions), len(omissions)],
+        "correct_flagged_omission": [sum("omission" in t.flags for t in correct), len(correct)]}
+    result["natural"]["omission_vs_not_hallucinated"] = {  # ROC AUC, omissions against the lines neither omitted nor hallucinated
+        name: round(roc_auc([t.features[name] for t in omissions], [t.features[name] for t in rest]), 4)
+        for name in ("omission", "shortness", "unused", "uncovered")}
 
 
 def test_part(result: dict, model, tok, read, calibration: dict, translations: str | None) -> None:
@@ -147,6 +161,8 @@ def test_part(result: dict, model, tok, read, calibration: dict, translations: s
     result["test_spearman_with_chrf"] = {
         name: round(spearman([-detectors(t)[name] for t in test_trusts], chrf), 4) for name in ("logprob", "attention", "alti", "confidence")}
     result["test_flagged"] = sum(bool(t.flags) for t in test_trusts)
+    acceptable = [t for t, c in zip(test_trusts, chrf) if c >= 50]
+    result["test_acceptable_flagged"] = [sum(bool(t.flags) for t in acceptable), len(acceptable)]
 
 
 if __name__ == "__main__":

@@ -111,7 +111,13 @@ def summary(calibration: dict) -> str:
     thresholds = ", ".join(f"{k} {'never' if v is None else f'{v:.3g}'}" for k, v in calibration["thresholds"].items())
     if calibration.get("kind") == "logprob":
         what = f"log-probability only ({calibration.get('why', '')})"
-    else:
+    elif "combination" in calibration:  # version 3
+        given, lp = calibration["given"], calibration["logprob"]
+        reads = " + ".join(calibration["features"]) if len(calibration["features"]) > 1 else \
+            "the calibrated log-probability (nothing else ranked validation better)"
+        what = (f"{reads}: acceptable (chrF >= {calibration['acceptable']:g}) ranked at ROC AUC {given['roc_auc']:.3f} "
+                f"(logprob_mean alone {lp['roc_auc']:.3f})")
+    else:  # a version 2 calibration
         best, lp = calibration["selection"][-1], calibration["logprob"]
         what = (f"{' + '.join(calibration['features'])}: acceptable (chrF >= {calibration['acceptable']:g}) ranked at ROC AUC "
                 f"{best['roc_auc']:.3f} (logprob_mean alone {lp['roc_auc']:.3f}), cross-validated")

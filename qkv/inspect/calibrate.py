@@ -9,40 +9,43 @@ a caption is one sentence, so only the joined pairs differ from what ``qkv trans
 judges (each of their sentences alone). Fitted on those pairs cut into sentences instead, the En->De
 model's confidence ranked the hand-labelled natural hallucinations at ROC AUC 0.925 against 0.955
 whole (docs/trust.md), so whole it is; ``calibrate(text=...)`` cuts them. Each translation
-is **acceptable** when its sentence chrF against the reference is at least ``ACCEPTABLE``. ``fit``:
+is **acceptable** when its sentence chrF against the reference is at least ``ACCEPTABLE``. ``fit``
+(a calibration of version 3):
 
-- the confidence: a logistic regression of "acceptable" on the standardised features, whose base is
-  ``logprob_mean`` (its weight is kept >= 0, so the confidence never falls as the mean log-probability
-  rises), and to which another feature of ``CANDIDATES`` is added, one at a time, up to
-  ``MAX_FEATURES`` in all, only where it raises the cross-validated ROC AUC (``FOLDS`` folds) by at least
-  ``MIN_GAIN`` without lowering the cross-validated Spearman correlation with sentence chrF. With fewer
-  than ``MIN_CLASS`` acceptable or unacceptable translations there is nothing to fit: the calibration is
-  log-probability-only (``qkv.inspect.trust.LOGPROB_ONLY``'s confidence), say, for a model that
-  translates all of its validation data right.
+- the confidence: a logistic function of one combined score, ``logprob_mean`` less each feature of
+  ``COMBINED`` (the attention entropy, the repeats) times a weight from ``WEIGHTS``, every feature in
+  standard units of the model's own validation translations (the features normalised on the run's own
+  outputs and summed, as STARE combines detectors; no label by hand). The weights are the cell of the
+  grid that ranks the acceptable translations highest (ROC AUC) among the cells that rank the
+  references over each made-up pathology of ``GUARDED`` no worse than ``logprob_mean`` alone; a cell
+  other than all zeros only where it ranks them strictly better, in the fit and out of fold (chosen on
+  ``FOLDS`` - 1 folds, measured on the one left). Where nothing beats the mean log-probability the
+  confidence is the calibrated log-probability, sigmoid(a + b logprob_mean), b >= 0, and
+  ``qkv calibrate`` says so. Nothing caps it: a cap (the version 2 calibration capped at a flag) put
+  correct lines with the hallucinations, so every flag says what it saw and moves no confidence. With
+  fewer than ``MIN_CLASS`` acceptable or unacceptable translations there is nothing to fit: the
+  calibration is log-probability-only (``qkv.inspect.trust.LOGPROB_ONLY``'s confidence), say, for a
+  model that translates all of its validation data right.
+- the omission score (``qkv.inspect.trust.omission_score``): its reference, ``QUANTILES`` quantiles of
+  ``uncovered`` (source words the alignment head leaves uncovered) and of minus ``eos_logprob`` over
+  the model's own validation translations (``omission_table``).
 - the flags: ``synthetic_pairs`` turns (source, reference) pairs into six kinds of (source, target) pairs
   whose label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
   reference), ``partly-detached`` (the reference's second half replaced by the second half of
   another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
-  itself) and ``omission`` (the reference's second half dropped); each flag's threshold is the lowest
-  cut that flags at most ``MAX_FALSE_ALARMS`` of the references and acceptable translations and more of
-  its kind. References shorter than four words make no such pairs: the flags are then
-  ``LOGPROB_ONLY``'s, which read the text alone.
-- the caps: ``detached`` always caps the confidence at ``FLAG_CAP`` (``ALWAYS_CAPPED``: a translation of
-  another sentence is an override, not a matter of ranking; on val it moves too few lines to be
-  judged there, 26 to 30 of 1,141, and the choice flipped between two runs of one recipe on changes of
-  0.0003 ROC AUC, while on the labelled natural pairs made from val its cap raised the ranking of the
-  hallucinations, 0.876 to 0.883: docs/trust.md); each other flag of ``CAPPED`` in turn caps (``capping``) only where,
-  with the caps kept before it, capping the validation translations it flags lowers neither the
-  out-of-fold ROC AUC of the acceptable ones nor the Spearman correlation with chrF (``choose_capping``:
-  a flag that fires on correct names and cognates, as ``copy`` can, keeps its flag but moves no
-  confidence; a ``severe`` loop or copy is capped whatever the choice). The reliability diagram and the
-  cut table are of the confidence as it is then given.
+  itself) and ``omission`` (the reference's second half dropped). Each flag's threshold is the lowest
+  cut that trips on at most ``MAX_FALSE_ALARMS`` of the model's own acceptable translations and at most
+  ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either; a flag that
+  catches less than ``MIN_CAUGHT`` of its kind there never flags (its false alarms would buy nothing).
+  Each flag's measured rates are in the calibration's ``false_alarms``. References shorter than four
+  words make no such pairs: the flags are then ``LOGPROB_ONLY``'s, which read the text alone.
 - ``length``: the expected translation length from the source's, a least-squares line through the
   validation pairs' log word counts (the ``shortness`` feature).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import sys
@@ -50,20 +53,22 @@ import sys
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import CAPPED, FLAG_CAP, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, capped, flags_of, sigmoid, spearman
+from qkv.inspect.trust import FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, confidence_of, flags_of, omission_score, spearman
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
 # model of docs/trust.md: translations below it miss or garble a content word or more (read there).
 ACCEPTABLE = 50.0
-CANDIDATES = ("logprob_min", "logprob_std", "source_mean", "source_min", "unused", "length_ratio", "shortness", "copy")
-MAX_FEATURES = 3  # logprob_mean and at most two more
-MIN_GAIN = 0.005  # cross-validated ROC AUC a feature must add
+COMBINED = ("attention_entropy", "repeats")  # the features that may join logprob_mean in the confidence
+WEIGHTS = (0.0, 0.25, 0.5, 1.0)  # each one's weights tried, in standard units against logprob_mean's 1
+GUARDED = ("detached", "oscillation", "copy")  # made-up pathologies a combination must rank no worse than logprob_mean
 FOLDS = 5
 MIN_CLASS = 10  # acceptable and unacceptable translations each needed to fit the confidence
-ALWAYS_CAPPED = ("detached",)  # flags that cap whatever the validation ranking says (module docstring)
 JOIN_EVERY = 8  # every 8th validation pair is also joined with the next into one line
-MAX_FALSE_ALARMS = 0.02  # a flag's threshold flags at most this share of the correct pairs (on validation)
+MAX_FALSE_ALARMS = 0.01  # a flag trips on at most this share of the model's own acceptable validation translations
+MAX_FALSE_REFERENCES = 0.005  # and of the validation references (five flags: at most 2.5% of them in all)
+MIN_CAUGHT = 0.5  # a flag that catches less than this share of its made-up kind at that threshold never flags
+QUANTILES = 201  # the omission score's reference: this many quantiles of each of its two features
 # Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
 FLAG_OF = {kind: (flag, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for kind, flag in (
     ("detached", "detached"), ("partly-detached", "partly-detached"), ("oscillation", "repetition"), ("copy", "copy"),
@@ -198,23 +203,6 @@ def cross_validated(trusts: list[Trust], acceptable: list[bool], features: list[
     return out
 
 
-def select_features(trusts: list[Trust], chrf: list[float], acceptable: list[bool]) -> tuple[list[str], list[dict]]:
-    """Forward selection (module docstring): the features, and each step's cross-validated numbers."""
-    def measure(features: list[str]) -> dict:
-        z = cross_validated(trusts, acceptable, features)
-        return {"features": list(features), "roc_auc": ranks_acceptable(z, acceptable), "spearman": spearman(z, chrf)}
-
-    chosen = ["logprob_mean"]
-    steps = [measure(chosen)]
-    while len(chosen) < MAX_FEATURES:
-        tried = [measure([*chosen, f]) for f in CANDIDATES if f not in chosen]
-        best = max(tried, key=lambda m: m["roc_auc"])
-        if best["roc_auc"] < steps[-1]["roc_auc"] + MIN_GAIN or best["spearman"] < steps[-1]["spearman"]:
-            break
-        chosen, steps = best["features"], [*steps, best]
-    return chosen, steps
-
-
 def reliability(confidence: list[float], good: list[bool], bins: int = 5) -> list[dict]:
     """Per confidence bin of width 1 / ``bins``: how many translations, their mean stated confidence and
     the share that is acceptable (the reliability diagram)."""
@@ -236,64 +224,124 @@ def cut_table(confidence: list[float], good: list[bool], cuts: tuple[float, ...]
              "flagged": sum(c < t for c in confidence) / max(1, len(confidence))} for t in cuts]
 
 
-def choose_capping(confidence: list[float], flags: list[list[str]], chrf: list[float], good: list[bool]) -> tuple[list[str], list[dict]]:
-    """The flags of ``CAPPED`` that cap (module docstring: ``ALWAYS_CAPPED``'s and those chosen), from each
-    translation's out-of-fold ``confidence``, its ``flags`` and sentence ``chrf``; and per flag what
-    capping did: the lines it flags and the ROC AUC and Spearman with and without its cap."""
-    def measure(values: list[float]) -> tuple[float, float]:
-        return ranks_acceptable(values, good), spearman(values, chrf)
+def omission_table(own: list[Trust]) -> dict[str, list[float]]:
+    """The omission score's reference (``qkv.inspect.trust.omission_score``): ``QUANTILES`` quantiles of
+    ``uncovered`` and of minus ``eos_logprob`` over the model's own validation translations."""
+    def quantiles(values: list[float]) -> list[float]:
+        ordered = sorted(values)
+        return [ordered[round(q * (len(ordered) - 1) / (QUANTILES - 1))] for q in range(QUANTILES)]
 
-    kept, steps, current = [], [], list(confidence)
-    for flag in CAPPED:
-        with_cap = [min(c, FLAG_CAP) if flag in f else c for c, f in zip(current, flags)]
-        (auc, rho), (auc_capped, rho_capped) = measure(current), measure(with_cap)
-        caps = flag in ALWAYS_CAPPED or not (auc_capped < auc or rho_capped < rho)  # nan (one kind only) compares False: kept
-        steps.append({"flag": flag, "flagged": sum(flag in f for f in flags), "caps": caps, "roc_auc": [auc, auc_capped],
-                      "spearman": [rho, rho_capped]})
-        if caps:
-            kept, current = [*kept, flag], with_cap
-    return kept, steps
+    return {"uncovered": quantiles([t.features["uncovered"] for t in own]),
+            "eos_logprob": quantiles([-t.features["eos_logprob"] for t in own])}
+
+
+def _cells() -> list[tuple[float, ...]]:
+    return [cell for cell in itertools.product(WEIGHTS, repeat=len(COMBINED))]
+
+
+def combined_scores(trusts: list[Trust], mean: torch.Tensor, std: torch.Tensor, cell: tuple[float, ...]) -> list[float]:
+    """Each translation's combined score (higher: more trustworthy): its ``logprob_mean`` less each feature of
+    ``COMBINED`` times its weight in ``cell``, every feature in standard units of the model's own
+    validation translations (``mean``, ``std``)."""
+    weights = torch.tensor([1.0, *(-w for w in cell)], dtype=torch.float64)
+    return (((_matrix(trusts, ["logprob_mean", *COMBINED]) - mean) / std) @ weights).tolist()
+
+
+def _guard(made: list[Trust], kinds: list[str], scores: list[float]) -> dict[str, float]:
+    """ROC AUC of the references over each ``GUARDED`` kind of labelled pairs, by ``scores``."""
+    correct = [s for s, k in zip(scores, kinds) if k == "correct"]
+    return {kind: roc_auc(correct, [s for s, k in zip(scores, kinds) if k == kind]) for kind in GUARDED}
+
+
+def choose_combination(own: list[Trust], good: list[bool], made: list[Trust] = (), kinds: list[str] = ()) -> tuple[tuple[float, ...], dict]:
+    """The weights of ``COMBINED`` beside ``logprob_mean`` (module docstring): the cell of ``WEIGHTS`` that
+    ranks the acceptable translations of ``own`` highest among those that rank the references over each
+    ``GUARDED`` kind of ``made`` no worse than ``logprob_mean`` alone; all zero (the log-probability)
+    unless it ranks them strictly better, and better out of fold too (the choice made on ``FOLDS`` - 1
+    folds, measured on the one left). Returns the cell and what was measured."""
+    base = tuple(0.0 for _ in COMBINED)
+    x = _matrix(own, ["logprob_mean", *COMBINED])
+    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
+    guards = {cell: _guard(made, kinds, combined_scores(made, mean, std, cell)) for cell in _cells()} if made else {}
+    allowed = [cell for cell in _cells() if all(guards[cell][k] >= guards[base][k] for k in GUARDED)] if made else _cells()
+    scores = {cell: combined_scores(own, mean, std, cell) for cell in allowed}
+
+    def pick(indices: list[int]) -> tuple[float, ...]:
+        rank = {cell: ranks_acceptable([scores[cell][i] for i in indices], [good[i] for i in indices]) for cell in allowed}
+        best = max(allowed, key=lambda cell: (rank[cell], cell == base))  # a tie goes to the log-probability
+        return best if rank[best] > rank[base] else base
+
+    chosen = pick(list(range(len(own))))
+    order = list(range(len(own)))
+    random.Random(1).shuffle(order)
+    gains = []
+    for k in range(FOLDS):
+        held = sorted(order[k::FOLDS])
+        cell = pick(sorted(set(order) - set(held)))
+        gains.append(ranks_acceptable([scores[cell][i] for i in held], [good[i] for i in held])
+                     - ranks_acceptable([scores[base][i] for i in held], [good[i] for i in held]))
+    held_out_gain = sum(g for g in gains if not math.isnan(g)) / max(1, sum(not math.isnan(g) for g in gains))
+    if not held_out_gain > 0:
+        chosen = base
+    report = {"weights": dict(zip(COMBINED, chosen)), "held_out_gain": held_out_gain,
+              "grid": [{"weights": dict(zip(COMBINED, cell)), "roc_auc": ranks_acceptable(scores[cell], good)}
+                       | ({"references_over": guards[cell]} if made else {}) for cell in allowed]}
+    return chosen, report | {"mean": mean.tolist(), "std": std.tolist()}
 
 
 def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust] = (), kinds: list[str] = (),
         length: list[float] | None = None, acceptable: float = ACCEPTABLE) -> dict:
-    """A calibration (``qkv.inspect.trust``'s format) from the model's own translations (``own``) with
-    their sentence chrF (0-100), and the labelled pairs ``made`` of ``kinds`` (``synthetic_pairs``;
+    """A calibration (``qkv.inspect.trust``'s format, version 3) from the model's own translations (``own``)
+    with their sentence chrF (0-100), and the labelled pairs ``made`` of ``kinds`` (``synthetic_pairs``;
     none: the text-only flags): module docstring."""
     if len(own) != len(own_chrf) or len(made) != len(kinds):
         raise QkvError("fit needs one chrF per translation and one kind per labelled pair")
     good = [c >= acceptable for c in own_chrf]
     n_good = sum(good)
-    out: dict = {"version": 2, "acceptable": acceptable, "length": length or [0.0, 1.0],
+    out: dict = {"version": 3, "acceptable": acceptable, "length": length or [0.0, 1.0],
                  "fitted_on": name, "own_translations": len(own), "acceptable_share": n_good / max(1, len(own))}
+    if own:
+        out["omission"] = omission_table(own)
+        for t in [*own, *made]:
+            t.features["omission"] = omission_score(t.features, out)
     out["thresholds"] = dict(LOGPROB_ONLY["thresholds"])
     if made:
         if set(kinds) != set(KINDS):
             raise QkvError(f"fitting the flags needs pairs of every kind ({', '.join(KINDS)})")
-        correct = [t for t, k in zip(made, kinds) if k == "correct"] + [t for t, g in zip(own, good) if g]
+        references = [t for t, k in zip(made, kinds) if k == "correct"]
+        accepted = [t for t, g in zip(own, good) if g]
+        out["false_alarms"] = {}
         for kind, (flag, feature, sign) in FLAG_OF.items():
             pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
-            cut = _threshold(pos, [sign * t.features[feature] for t in correct])
+            cut = max(_threshold(pos, [sign * t.features[feature] for t in negatives], share)
+                      for negatives, share in ((accepted, MAX_FALSE_ALARMS), (references, MAX_FALSE_REFERENCES)) if negatives)
+            if sum(p >= cut for p in pos) < MIN_CAUGHT * len(pos):  # it would flag too few of its kind to be worth its false alarms
+                cut = math.inf
             # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
             out["thresholds"][flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
+            trips = lambda ts: sum(flag in flags_of(t.features, out["thresholds"]) for t in ts) / max(1, len(ts))  # noqa: E731
+            out["false_alarms"][flag] = {"own_acceptable": trips(accepted), "references": trips(references),
+                                         "caught": trips([t for t, k in zip(made, kinds) if k == kind])}
     assert set(out["thresholds"]) == set(FLAGS)
     if min(n_good, len(own) - n_good) < MIN_CLASS:
         out.update(kind="logprob", features=[], mean=[], std=[], weights=[], bias=0.0,
                    why=f"{n_good} of {len(own)} translations acceptable: too few of one kind to fit (log-probability only)")
         return out
-    features, steps = select_features(own, own_chrf, good)
-    x = _matrix(own, features)
-    mean, std = x.mean(0), x.std(0).clamp(min=1e-6)
-    w, b = logistic((x - mean) / std, torch.tensor(good, dtype=torch.float64))
+    cell, report = choose_combination(own, good, made, kinds)
+    mean, std = torch.tensor(report.pop("mean"), dtype=torch.float64), torch.tensor(report.pop("std"), dtype=torch.float64)
+    h = torch.tensor(combined_scores(own, mean, std, cell), dtype=torch.float64)[:, None]  # (N, 1)
+    h_mean, h_std = float(h.mean()), float(h.std().clamp(min=1e-6))
+    w, b = logistic((h - h_mean) / h_std, torch.tensor(good, dtype=torch.float64))
+    scale = float(w[0]) / h_std  # >= 0: the confidence never falls as the combined score rises
+    names = ["logprob_mean", *COMBINED]
+    signed = [1.0, *(-c for c in cell)]
+    keep = [i for i, v in enumerate(signed) if v != 0]
     lp = [t.features["logprob_mean"] for t in own]
-    # out of fold, a severe loop or copy capped; then with the caps chosen (confidence_of's rule)
-    held = [capped(sigmoid(z), t.features, [], ()) for t, z in zip(own, cross_validated(own, good, features))]
-    flags = [flags_of(t.features, out["thresholds"]) for t in own]
-    capping, capping_steps = choose_capping(held, flags, own_chrf, good)
-    given = [capped(c, t.features, fl, capping) for c, t, fl in zip(held, own, flags)]
-    out.update(kind="fitted", features=features, mean=mean.tolist(), std=std.tolist(), weights=w.tolist(), bias=b,
-               selection=steps, capping=capping, capping_selection=capping_steps,
-               logprob={"roc_auc": ranks_acceptable(lp, good), "spearman": spearman(lp, own_chrf)},
+    out.update(kind="fitted", features=[names[i] for i in keep], mean=[float(mean[i]) for i in keep],
+               std=[float(std[i]) for i in keep], weights=[scale * signed[i] for i in keep],
+               bias=b - scale * h_mean, combination=report)
+    given = [confidence_of(t.features, out) for t in own]
+    out.update(logprob={"roc_auc": ranks_acceptable(lp, good), "spearman": spearman(lp, own_chrf)},
                given={"roc_auc": ranks_acceptable(given, good), "spearman": spearman(given, own_chrf)},
                reliability=reliability(given, good), cuts=cut_table(given, good))
     return out

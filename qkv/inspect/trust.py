@@ -17,19 +17,21 @@ those and the two texts, per sentence (``FEATURES``):
   short alike;
 - ``shortness``: how much shorter the translation is than its source's expected length, max(0,
   a + b log(source words + 1) - log(translation words + 1)), with a and b fitted on the validation
-  references (the calibration's ``length``; without one a = 0, b = 1): an omission signal.
+  references (the calibration's ``length``; without one a = 0, b = 1): an omission signal;
+- ``attention_entropy``: the last layer's cross-attention entropy over log S;
+- ``eos_logprob``: the end of sentence's log-probability where the translation ends;
+- ``uncovered``: how much of the source the alignment head leaves uncovered (``uncovered``; a model
+  without a head: its ALTI+ source parts), and ``omission``, the omission score (``omission_score``).
 
-The ``confidence`` in [0, 1] is the checkpoint's own (``calibration_of``): a logistic regression fitted
-on its translations of validation data (``qkv.inspect.calibrate``, ``qkv calibrate``, and the end of
-``qkv train``), whose base is ``logprob_mean`` with a weight that is never negative, and which takes
-another feature only where it ranked the validation translations better under cross-validation. A
+The ``confidence`` in [0, 1] is the checkpoint's own (``calibration_of``): fitted on its translations
+of validation data (``qkv.inspect.calibrate``, ``qkv calibrate``, and the end of ``qkv train``), a
+logistic function of ``logprob_mean`` with a weight that is never negative, and of other features only
+where they ranked the validation translations better (a calibration of version 3 caps nothing). A
 checkpoint without a calibration of its own gets ``LOGPROB_ONLY``: the confidence is the geometric mean
 of the tokens' probabilities, exp(``logprob_mean``), and only the flags that read the text alone
-(repetition, copy). The flags are thresholds on single features; of ``repetition``, ``copy`` and
-``detached`` (``CAPPED``), those the calibration's ``capping`` names also cap the confidence at
-``FLAG_CAP`` (a rare pathology overrides the ranking, where that ranked the validation translations no
-worse), and so does, whatever the calibration, a loop or a copy as ``LOGPROB_ONLY`` flags them (``severe``:
-four repeats in a row, chrF 0.9 against the source); the confidence stays non-decreasing in
+(repetition, copy); there, and under a calibration of version 2, a ``severe`` loop or copy and the
+flags of the calibration's ``capping`` (``CAPPED``) cap the confidence at ``FLAG_CAP``. The flags are
+thresholds on single features (``FLAG_FEATURE``); the confidence stays non-decreasing in
 ``logprob_mean`` with everything else fixed.
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +55,7 @@ from qkv.inspect.visualize import group_words
 from qkv.model.transformer import Transformer
 
 FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
-            "length_ratio", "shortness")
+            "length_ratio", "shortness", "attention_entropy", "eos_logprob", "uncovered", "omission")
 FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
@@ -90,9 +93,11 @@ class Trust:
     unused_words: list[int] = field(default_factory=list)
     words: list[dict] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)  # each flag's reason: its feature against its threshold
+    coverage: list[float] = field(default_factory=list)  # each source word's alignment mass over the target words
 
     def to_json(self, *, words: bool = True) -> dict:
-        out = {"confidence": round(self.confidence, 4), "flags": self.flags, "why": self.why,
+        out = {"confidence": round(self.confidence, 4), "omission": round(self.features.get("omission", 0.0), 4),
+               "flags": self.flags, "why": self.why,
                "features": {k: round(v, 4) for k, v in self.features.items()}, "unused_source_words": self.unused_words}
         if words:
             out["words"] = self.words
@@ -170,6 +175,8 @@ def load_calibration(path: str | Path | None) -> dict:
     except (OSError, ValueError) as error:
         raise QkvError(f"{path}: not a readable calibration ({error})") from None
     check_calibration(data, str(path))
+    if data.get("version", 2) < 3:  # its omission threshold was on ``unused``, not on the omission score
+        data["thresholds"]["omission"] = None
     return data
 
 
@@ -202,7 +209,10 @@ def check_calibration(data: object, name: str) -> None:
               and all(v is None or finite(v) for v in data["thresholds"].values())
               and (data.get("capping") is None or isinstance(data["capping"], list) and set(data["capping"]) <= set(CAPPED))
               and (data.get("length") is None or isinstance(data["length"], list) and len(data["length"]) == 2
-                   and all(map(finite, data["length"]))))
+                   and all(map(finite, data["length"])))
+              and (data.get("omission") is None or isinstance(data["omission"], dict)
+                   and set(data["omission"]) == {"uncovered", "eos_logprob"}
+                   and all(isinstance(v, list) and v and all(map(finite, v)) and v == sorted(v) for v in data["omission"].values())))
     if ok and "logprob_mean" in data["features"]:  # the base: the confidence never falls as it rises
         ok = data["weights"][data["features"].index("logprob_mean")] >= 0
     if not ok:
@@ -228,8 +238,11 @@ def capped(value: float, features: dict[str, float], flags: list[str], capping) 
 
 def confidence_of(features: dict[str, float], calibration: dict, flags: list[str] = ()) -> float:
     """The confidence: exp(logprob_mean) for a log-probability-only calibration, else the logistic
-    regression's; at most ``FLAG_CAP`` when one of ``flags`` caps (the calibration's ``capping``, else
-    ``CAPPED``) or the translation is a ``severe`` loop or copy."""
+    regression's. A calibration of ``qkv calibrate`` (version 3) caps nothing: its flags say what they
+    saw and move no confidence (a cap ranked the run's own validation translations worse: module
+    docstring). The log-probability-only confidence of an uncalibrated checkpoint (``LOGPROB_ONLY``) and a
+    version 2 calibration are at most ``FLAG_CAP`` when one of ``flags`` caps (the calibration's
+    ``capping``, else ``CAPPED``) or the translation is a ``severe`` loop or copy."""
     if calibration.get("kind", "fitted") == "logprob":
         value = math.exp(min(0.0, features["logprob_mean"]))
     else:
@@ -237,7 +250,31 @@ def confidence_of(features: dict[str, float], calibration: dict, flags: list[str
             w * (features[k] - m) / s
             for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
         value = sigmoid(z)
+    if calibration.get("version", 2) >= 3:
+        return value
     return capped(value, features, flags, calibration.get("capping", CAPPED))
+
+
+def uncovered(coverage: list[float], content: list[bool]) -> float:
+    """How much of the source no target word aligns to: the mean over the source words that hold a letter
+    or a digit of max(0, 1 - the word's alignment mass), its weights summed over the target words (a word
+    translated once has about 1; a dropped clause's words about 0). 0 for a source without such words."""
+    missing = [max(0.0, 1.0 - c) for c, keep in zip(coverage, content) if keep]
+    return sum(missing) / len(missing) if missing else 0.0
+
+
+def omission_score(features: dict[str, float], calibration: dict) -> float:
+    """The omission score in [0, 1]: the mean of two ranks among the run's own validation translations
+    (the calibration's ``omission`` quantiles; ties at their middle), that of ``uncovered`` and that of minus ``eos_logprob``
+    (how unlikely the model found ending where the translation ends). 0.9: more suspect of an omission
+    than nine in ten of the model's own validation translations on both counts, on average. 0 without
+    a calibration that has the quantiles."""
+    table = calibration.get("omission")
+    if not table:
+        return 0.0
+    ranks = [(bisect_left(table[name], sign * features[name]) + bisect_right(table[name], sign * features[name])) / 2 / len(table[name])
+             for name, sign in (("uncovered", 1.0), ("eos_logprob", -1.0))]  # ties at their middle rank
+    return sum(ranks) / len(ranks)
 
 
 def expected_length(source_words: int, length: list[float] | None) -> float:
@@ -248,10 +285,11 @@ def expected_length(source_words: int, length: list[float] | None) -> float:
 
 # Each flag's feature, and whether it flags below (True) or at and above (False) its threshold.
 FLAG_FEATURE = {"detached": ("source_mean", True), "partly-detached": ("source_min", True),
-                "repetition": ("repeats", False), "copy": ("copy", False), "omission": ("unused", False)}
+                "repetition": ("repeats", False), "copy": ("copy", False), "omission": ("omission", False)}
 _SAYS = {"source_mean": "the source's mean share of the predictions", "source_min": "the source's share over its weakest three tokens",
          "repeats": "an n-gram's repeats in a row, less two", "copy": "the translation's chrF against its own source",
-         "unused": "the fraction of source words no target word used"}
+         "unused": "the fraction of source words no target word used",
+         "omission": "the omission score (the source the alignment leaves uncovered, and how unlikely ending there was)"}
 
 
 def flags_of(features: dict[str, float], thresholds: dict[str, float | None]) -> list[str]:
@@ -309,19 +347,29 @@ def batch_features(log_probs: torch.Tensor, share: torch.Tensor, attention: torc
 
 
 def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], shares: list[float],
-              source_rows: np.ndarray, computed: dict[str, float], source: str, translation: str, copy: float,
-              calibration: dict) -> Trust:
+              source_rows: np.ndarray, head_rows: np.ndarray | None, computed: dict[str, float], source: str,
+              translation: str, copy: float, calibration: dict) -> Trust:
     """One pair. log_probs and shares (T): each target token's log-probability and source share;
-    source_rows (T, S): each token's source part; computed: ``batch_features``'s; copy: ``copy_score``."""
+    source_rows (T, S): each token's source part; head_rows (T, S): the alignment head's weights (None: the
+    model has none, and coverage reads the source parts); computed: ``batch_features``'s; copy: ``copy_score``."""
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
     normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
+    coverage: list[float] = []
+    content = [any(ch.isalnum() for ch in w) for w, _ in group_words(src_pieces) if w != "</s>"]  # punctuation weighs nothing
     if src_words:
         word_of = np.full(normalised.shape[1], len(src_words), dtype=np.int64)  # (S,): each piece's word; EOS's last
+
+        def by_word(rows: np.ndarray) -> np.ndarray:  # (T, S) -> (T, W + 1): each word's weight, its pieces summed
+            out = np.zeros((rows.shape[0], len(src_words) + 1))
+            np.add.at(out.T, word_of, rows.T)
+            return out
+
         for j, cols in enumerate(src_words):
             word_of[cols] = j
-        per_word = np.zeros((normalised.shape[0], len(src_words) + 1))
-        np.add.at(per_word.T, word_of, normalised.T)  # (T, W + 1): each word's share, its pieces summed
+        per_word = by_word(normalised)
         used = (per_word[:, :-1].max(0) * len(src_words) >= USED).tolist()
+        aligned = per_word if head_rows is None else by_word(head_rows)
+        coverage = aligned[:-1, :-1].sum(0).tolist()  # (W,): over the target tokens, the EOS's row left out
     else:
         used = []
     unused = [j for j, u in enumerate(used) if not u]
@@ -333,9 +381,10 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy,
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
-        # Not in the confidence: the raw-attention baseline of docs/trust.md, the mean entropy of the last
-        # layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
+        # the mean entropy of the last layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": computed["attention_entropy"],
+        "eos_logprob": log_probs[-1],
+        "uncovered": uncovered(coverage, content),
     }
     words = []
     for word, rows in group_words(tgt_pieces):
@@ -344,9 +393,10 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(shares[r] for r in rows)
         words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
                       "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
+    features["omission"] = omission_score(features, calibration)
     flags = flags_of(features, calibration["thresholds"])
     return Trust(confidence_of(features, calibration, flags), flags, features, unused, words,
-                 why_flagged(flags, features, calibration["thresholds"]))
+                 why_flagged(flags, features, calibration["thresholds"]), coverage)
 
 
 @torch.inference_mode()
@@ -383,6 +433,8 @@ def assess(
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
         found = contributions(model, src, tgt_in, norms=False)  # ALTI and the weights: no value norms
+        head = None if model.config.alignment_layer is None else \
+            model.alignment_head(tgt_in, found.memory, src != tokenizer.pad_id).float().cpu().numpy()  # (B, T, S)
         real = tgt_out != tokenizer.pad_id  # (B, T): the output projection only where a token is scored
         logits = model.generator(found.hidden[real]).float()  # (N, V)
         log_probs = found.hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
@@ -400,7 +452,8 @@ def assess(
             s, t = int(n_src[b]), int(n_tgt[b])
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
-                lps[b][:t], shares[b][:t], rows_of[b, :t, :s], computed[b], sources[i], translations[i], copies[b], calibration)
+                lps[b][:t], shares[b][:t], rows_of[b, :t, :s], None if head is None else head[b, :t, :s], computed[b],
+                sources[i], translations[i], copies[b], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
             results[i] = Trust(1.0, [], results[i].features)  # type: ignore[union-attr]
@@ -415,7 +468,7 @@ def assess(
 
 def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
     """One line's verdict from its sentences' (``source_words``: each sentence's source word count): the
-    least confident sentence's confidence and features, every sentence's flags (and their reasons), the
+    least confident sentence's confidence and features (the omission score: the highest), every sentence's flags (and their reasons), the
     unused source words numbered across the line's sentences, and every word."""
     if len(trusts) == 1:
         return trusts[0]
@@ -424,7 +477,9 @@ def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
     why = {f: next(t.why[f] for t in trusts if f in t.why) for f in flags}
     offsets = [sum(source_words[:k]) for k in range(len(trusts))]
     unused = [o + j for t, o in zip(trusts, offsets) for j in t.unused_words]
-    return Trust(weakest.confidence, flags, weakest.features, unused, [w for t in trusts for w in t.words], why)
+    features = weakest.features | {"omission": max(t.features.get("omission", 0.0) for t in trusts)}
+    return Trust(weakest.confidence, flags, features, unused, [w for t in trusts for w in t.words], why,
+                 [c for t in trusts for c in t.coverage])
 
 
 def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], translations: list[list[str]], *,

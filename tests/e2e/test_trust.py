@@ -76,9 +76,11 @@ def test_fit_chooses_each_threshold_between_the_kinds_and_ranks_own_translations
             source_mean=0.2 + noise if kind == "detached" else 0.6 + noise,
             source_min=0.1 + noise if kind == "partly-detached" else 0.5 + noise,
             repeats=5.0 if kind == "oscillation" else 1.0, copy=0.95 if kind == "copy" else 0.2 + noise,
-            unused=0.5 if kind == "omission" else noise, logprob_mean=-0.5 - noise))
+            uncovered=0.5 if kind == "omission" else noise / 2, eos_logprob=-3.0 if kind == "omission" else -0.1 - noise,
+            logprob_mean=-0.5 - noise))
     # The model's own translations: chrF falls as the log-probability does (with noise in between)
-    own = [_trust(source_mean=0.6, source_min=0.5, copy=0.2, logprob_mean=-0.3 - i / 20 + (i % 3) / 10) for i in range(60)]
+    own = [_trust(source_mean=0.6, source_min=0.5, copy=0.2, logprob_mean=-0.3 - i / 20 + (i % 3) / 10,
+                  uncovered=(i % 5) / 100, eos_logprob=-0.1 - (i % 4) / 50) for i in range(60)]
     chrf = [95 - 1.5 * i for i in range(60)]
     calibration = fit(own, chrf, name="hand-made", made=made, kinds=kinds)
     for trust, kind in zip(made, kinds):
@@ -90,7 +92,7 @@ def test_fit_chooses_each_threshold_between_the_kinds_and_ranks_own_translations
     assert calibration["kind"] == "fitted" and calibration["features"][0] == "logprob_mean"
     ranked = [confidence_of(t.features, calibration) for t in own]
     assert spearman(ranked, chrf) > 0.8 and calibration["own_translations"] == 60
-    assert calibration["selection"][0]["roc_auc"] > 0.8  # cross-validated, logprob_mean alone
+    assert calibration["given"]["roc_auc"] >= calibration["logprob"]["roc_auc"] > 0.8
     assert [r["n"] for r in calibration["reliability"]] and sum(r["n"] for r in calibration["reliability"]) == 60
 
 

@@ -1,6 +1,7 @@
 """The confidence a user sees (qkv.inspect.trust, qkv.inspect.calibrate): never falling as the mean token
 log-probability rises, fitted on the model's own translations with a feature only where it ranks
-better, each checkpoint's own (or log-probability only), judging exactly what the model translated,
+better and no made-up pathology worse, flags fitted on the model's own acceptable output, the omission
+score, each checkpoint's own (or log-probability only), judging exactly what the model translated,
 and repeat counts that stay linear in a line."""
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import pytest
 import qkv
 from qkv.data.sentences import TextOptions
 from qkv.errors import QkvError
-from qkv.inspect.calibrate import MIN_CLASS, choose_capping, fit, fit_length
+from qkv.inspect.calibrate import (
+    KINDS, MAX_FALSE_ALARMS, MAX_FALSE_REFERENCES, MIN_CLASS, QUANTILES, fit, fit_length, omission_table,
+)
 from qkv.inspect.trust import (
-    CONFIDENCE, FEATURES, FLAG_CAP, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
-    check_calibration, confidence_of, flags_of, max_repeats, why_flagged,
+    CONFIDENCE, FEATURES, FLAG_CAP, FLAGS, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
+    check_calibration, confidence_of, flags_of, load_calibration, max_repeats, omission_score, uncovered, why_flagged,
 )
 from qkv.io import checkpoint
 
@@ -64,64 +67,98 @@ def test_the_confidence_never_falls_as_the_mean_log_probability_rises():
         check_calibration(broken, "confidence.json")
 
 
-def test_a_feature_joins_only_where_it_ranks_the_translations_better():
-    own, chrf = _own(400)
-    calibration = fit(own, chrf, name="hand-made")
-    assert "shortness" in calibration["features"] and "copy" not in calibration["features"]
-    steps = calibration["selection"]
-    assert steps[0]["features"] == ["logprob_mean"] and steps[-1]["roc_auc"] > steps[0]["roc_auc"]
-    assert calibration["cuts"][0]["below"] == 0.2 and 0 <= calibration["cuts"][-1]["acceptable_kept"] <= 1
-    assert len(calibration["features"]) <= 3
+def _with_entropy(n: int, weight: float, seed: int = 0) -> tuple[list[Trust], list[float]]:
+    """n translations whose chrF follows their log-probability and, by ``weight``, falls with their
+    attention entropy."""
+    rng = random.Random(seed)
+    trusts, chrf = [], []
+    for _ in range(n):
+        lp, entropy = rng.uniform(-3, -0.2), rng.uniform(0.3, 0.9)
+        trusts.append(_trust(logprob_mean=lp, attention_entropy=entropy, repeats=1.0, source_mean=0.6))
+        chrf.append(60 + 20 * (lp + 1.6) - weight * 100 * (entropy - 0.6) + rng.gauss(0, 8))
+    return trusts, chrf
 
 
-def test_a_flag_caps_the_confidence_only_where_capping_ranks_the_validation_translations_no_worse():
-    """A flag on bad lines keeps its cap; one that fires on good lines (copy on names) loses it, and then
-    moves no confidence though it still flags."""
-    rng = random.Random(3)
-    confidence = [rng.random() for _ in range(200)]
-    chrf = [100 * c + rng.gauss(0, 5) for c in confidence]
-    good = [c >= 50 for c in chrf]
-    # detached on the ten worst lines, copy on the ten best, repetition on none
-    order = sorted(range(200), key=chrf.__getitem__)
-    flags = [[] for _ in range(200)]
-    for i in order[:10]:
-        flags[i].append("detached")
-    for i in order[-10:]:
-        flags[i].append("copy")
-    kept, steps = choose_capping(confidence, flags, chrf, good)
-    assert kept == ["detached", "repetition"]  # repetition flags nothing here: no evidence against its cap
-    by_flag = {s["flag"]: s for s in steps}
-    assert by_flag["copy"]["flagged"] == 10 and not by_flag["copy"]["caps"]
-    assert by_flag["copy"]["spearman"][1] < by_flag["copy"]["spearman"][0]
-    calibration = fit(*_own(300), name="normal") | {"capping": kept}
+def _made(entropy_of_detached: float, n: int = 100) -> tuple[list[Trust], list[str]]:
+    """Labelled pairs of every kind: the references at entropy 0.6, the detached ones at ``entropy_of_detached``
+    and a log-probability a little under theirs."""
+    rng = random.Random(5)
+    made, kinds = [], []
+    for _ in range(n):
+        lp = rng.uniform(-2.5, -1.0)
+        for kind in KINDS:
+            features = {"logprob_mean": lp - (0.3 if kind != "correct" else 0.0), "attention_entropy": 0.6, "repeats": 1.0,
+                        "source_mean": rng.uniform(0.4, 0.7), "source_min": rng.uniform(0.3, 0.6)}
+            if kind == "detached":
+                features["attention_entropy"] = entropy_of_detached
+            made.append(_trust(**features))
+            kinds.append(kind)
+    return made, kinds
+
+
+def test_a_feature_joins_the_confidence_only_where_it_ranks_validation_better_and_no_made_up_pathology_worse():
+    informative = fit(*_with_entropy(600, 0.5), name="entropy matters")
+    assert informative["features"] == ["logprob_mean", "attention_entropy"]
+    assert informative["combination"]["held_out_gain"] > 0
+    assert informative["given"]["roc_auc"] > informative["logprob"]["roc_auc"]
+    noise = fit(*_with_entropy(600, 0.0), name="entropy is noise")
+    assert noise["features"] == ["logprob_mean"]  # the calibrated log-probability ...
+    assert noise["given"]["roc_auc"] == pytest.approx(noise["logprob"]["roc_auc"])  # ... ranks exactly as it
+    # The same informative translations, but entropy ranks detached made-up pairs above the references: refused
+    guarded = fit(*_with_entropy(600, 0.5), name="guarded", made=_made(0.3)[0], kinds=_made(0.3)[1])
+    assert guarded["features"] == ["logprob_mean"]
+    allowed = fit(*_with_entropy(600, 0.5), name="allowed", made=_made(0.9)[0], kinds=_made(0.9)[1])
+    assert allowed["features"] == ["logprob_mean", "attention_entropy"]
+
+
+def test_a_calibration_of_this_version_caps_nothing_and_an_older_one_still_does():
+    calibration = fit(*_own(300), name="normal")
     check_calibration(calibration, "confidence.json")
-    features = {f: 0.0 for f in FEATURES} | {"logprob_mean": -0.3}
-    assert confidence_of(features, calibration, ["copy"]) == confidence_of(features, calibration, []) > FLAG_CAP
-    assert confidence_of(features, calibration, ["detached"]) == FLAG_CAP
-    none = calibration | {"capping": []}
-    assert confidence_of(features, none, ["repetition"]) > FLAG_CAP  # the fitted flag at 2 repeats moves nothing ...
-    assert confidence_of(features | {"repeats": 4.0}, none, ["repetition"]) == FLAG_CAP  # ... a loop of four caps
-    assert confidence_of(features | {"copy": 0.95}, none, ["copy"]) == FLAG_CAP  # and so does a near-total copy
-    older = {k: v for k, v in calibration.items() if k != "capping"}  # a calibration from before the choice
-    assert confidence_of(features, older, ["copy"]) == FLAG_CAP  # caps with all three
+    features = {f: 0.0 for f in FEATURES} | {"logprob_mean": -0.3, "repeats": 9.0, "copy": 0.95}
+    plain = confidence_of(features, calibration, [])
+    assert plain > FLAG_CAP and all(confidence_of(features, calibration, [flag]) == plain for flag in FLAGS)
+    older = {k: v for k, v in calibration.items() if k not in ("version", "combination")} | {"version": 2, "capping": ["detached"]}
+    check_calibration(older, "confidence.json")
+    assert confidence_of(features | {"repeats": 1.0, "copy": 0.0}, older, ["detached"]) == FLAG_CAP
+    assert confidence_of(features, older, []) == FLAG_CAP  # a severe loop or copy caps a version 2 calibration
     with pytest.raises(QkvError, match="not a calibration"):
         check_calibration(calibration | {"capping": ["omission"]}, "confidence.json")
 
 
-def test_detached_caps_even_where_capping_ranks_the_validation_translations_worse():
-    """``detached`` is an override (ALWAYS_CAPPED): flagged on good lines its cap lowers the val ranking and
-    it caps all the same, where copy on the same lines does not."""
-    rng = random.Random(4)
-    confidence = [rng.random() for _ in range(200)]
-    chrf = [100 * c + rng.gauss(0, 5) for c in confidence]
-    good = [c >= 50 for c in chrf]
-    best = sorted(range(200), key=chrf.__getitem__)[-10:]
-    for flag in ("detached", "copy"):
-        flags = [[flag] if i in best else [] for i in range(200)]
-        kept, steps = choose_capping(confidence, flags, chrf, good)
-        step = next(s for s in steps if s["flag"] == flag)
-        assert step["roc_auc"][1] < step["roc_auc"][0]  # capping those lines ranks val worse
-        assert (flag in kept) == (flag == "detached") == step["caps"]
+def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and_the_references(tmp_path):
+    rng = random.Random(7)
+    own, chrf = _own(800, seed=2)
+    for t in own:  # loops of 2 on a few translations, the model's own acceptable ones among them
+        t.features["repeats"] = 2.0 if rng.random() < 0.05 else 1.0
+        t.features["copy"] = rng.uniform(0.0, 0.3)
+    made, kinds = _made(0.6, n=400)
+    for t, kind in zip(made, kinds):
+        t.features["repeats"] = 5.0 if kind == "oscillation" else 1.0
+        t.features["copy"] = 0.95 if kind == "copy" else rng.uniform(0.0, 0.3)
+    calibration = fit(own, chrf, name="flags", made=made, kinds=kinds)
+    alarms = calibration["false_alarms"]
+    for flag in FLAGS:
+        assert alarms[flag]["own_acceptable"] <= MAX_FALSE_ALARMS and alarms[flag]["references"] <= MAX_FALSE_REFERENCES
+    assert calibration["thresholds"]["repetition"] == 5.0  # 2 repeats trips 5% of the acceptable ones: not a flag
+    assert alarms["repetition"]["caught"] == 1.0 and alarms["copy"]["caught"] == 1.0
+    # detached made-up pairs read like the references (source_mean drawn alike): no cut catches half: never flags
+    assert calibration["thresholds"]["detached"] is None and alarms["detached"]["caught"] == 0.0
+    path = tmp_path / "confidence.json"
+    path.write_text(json.dumps(calibration))
+    assert load_calibration(path)["false_alarms"] == alarms
+
+
+def test_the_omission_score_ranks_a_translation_among_the_models_own():
+    own = [_trust(uncovered=u / 100, eos_logprob=-e / 100) for u in range(100) for e in (5, 50)]
+    table = omission_table(own)
+    assert len(table["uncovered"]) == len(table["eos_logprob"]) == QUANTILES and table["uncovered"] == sorted(table["uncovered"])
+    calibration = {"omission": table}
+    low = omission_score({"uncovered": 0.0, "eos_logprob": -0.01}, calibration)
+    high = omission_score({"uncovered": 2.0, "eos_logprob": -9.0}, calibration)
+    middle = omission_score({"uncovered": 0.5, "eos_logprob": -0.05}, calibration)
+    assert 0.0 <= low < middle < high == 1.0
+    assert omission_score({"uncovered": 2.0, "eos_logprob": -9.0}, LOGPROB_ONLY) == 0.0  # no table: nothing to rank against
+    assert uncovered([1.0, 0.2, 0.0], [True, True, False]) == pytest.approx(0.4)  # punctuation (False) weighs nothing
 
 
 def test_calibration_judges_a_line_whole_or_by_its_sentences_as_asked(random_checkpoint, tmp_path, monkeypatch):
