@@ -76,7 +76,12 @@ def main() -> None:
     result.update({"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
     parts = set(args.parts.split(","))
 
-    calibration = calibrate(model, tok, src[:HALF], ref[:HALF], name=f"val lines 1-{HALF}")  # what qkv calibrate does
+    from dataclasses import replace
+
+    from qkv.cli.common import LOOP_GUARD
+
+    config = replace(DecodeConfig(**getattr(model, "decode_defaults", {})), loop_guard=LOOP_GUARD)  # what qkv calibrate searches with
+    calibration = calibrate(model, tok, src[:HALF], ref[:HALF], name=f"val lines 1-{HALF}", config=config)  # what qkv calibrate does
     result["calibration"] = calibration
     if "synthetic" in parts:
         synthetic(result, model, tok, src, ref, calibration)

@@ -123,7 +123,7 @@ def summary(calibration: dict) -> str:
                 f"{best['roc_auc']:.3f} (logprob_mean alone {lp['roc_auc']:.3f}), cross-validated")
     caps = ""
     if calibration.get("kind") != "logprob" and "capping" in calibration:
-        caps = f"; {', '.join(calibration['capping']) or 'no flag'} {'caps' if len(calibration['capping']) == 1 else 'cap'} the confidence"
+        caps = f"; {', '.join(calibration['capping']) or 'no flag'} {'caps' if len(calibration['capping']) <= 1 else 'cap'} the confidence"
     return f"{what}; flags at {thresholds}{caps}"
 
 

@@ -13,7 +13,7 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
 (a calibration of version 3):
 
 - the confidence: a logistic function of one combined score, ``logprob_mean`` less each feature of
-  ``COMBINED`` (the attention entropy, the repeats) times a weight from ``WEIGHTS``, every feature in
+  ``COMBINED`` (the attention entropy, the loops) times a weight from ``WEIGHTS``, every feature in
   standard units of the model's own validation translations (the features normalised on the run's own
   outputs and summed, as STARE combines detectors; no label by hand). The weights are the cell of the
   grid that ranks the acceptable translations highest (ROC AUC) among the cells that rank the
@@ -21,8 +21,10 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   other than all zeros only where it ranks them strictly better, in the fit and out of fold (chosen on
   ``FOLDS`` - 1 folds, measured on the one left). Where nothing beats the mean log-probability the
   confidence is the calibrated log-probability, sigmoid(a + b logprob_mean), b >= 0, and
-  ``qkv calibrate`` says so. Nothing caps it: a cap (the version 2 calibration capped at a flag) put
-  correct lines with the hallucinations, so every flag says what it saw and moves no confidence. With
+  ``qkv calibrate`` says so. A flag of ``CAPPED`` caps it (multiplies it by
+  ``CAP_FACTOR``) only where that ranks the acceptable translations strictly better, in the fit and out
+  of fold, and the references over no ``GUARDED`` kind worse (``choose_capping``): the always-on caps
+  of version 2 put correct lines with the hallucinations. With
   fewer than ``MIN_CLASS`` acceptable or unacceptable translations there is nothing to fit: the
   calibration is log-probability-only (``qkv.inspect.trust.LOGPROB_ONLY``'s confidence), say, for a
   model that translates all of its validation data right.
@@ -53,13 +55,15 @@ import sys
 import torch
 
 from qkv.errors import QkvError
-from qkv.inspect.trust import FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, confidence_of, flags_of, omission_score, spearman
+from qkv.inspect.trust import (
+    CAP_FACTOR, CAPPED, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, confidence_of, flags_of, omission_score, spearman,
+)
 
 KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
 # Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
 # model of docs/trust.md: translations below it miss or garble a content word or more (read there).
 ACCEPTABLE = 50.0
-COMBINED = ("attention_entropy", "repeats")  # the features that may join logprob_mean in the confidence
+COMBINED = ("attention_entropy", "loops")  # the features that may join logprob_mean in the confidence
 WEIGHTS = (0.0, 0.25, 0.5, 1.0)  # each one's weights tried, in standard units against logprob_mean's 1
 GUARDED = ("detached", "oscillation", "copy")  # made-up pathologies a combination must rank no worse than logprob_mean
 FOLDS = 5
@@ -289,6 +293,67 @@ def choose_combination(own: list[Trust], good: list[bool], made: list[Trust] = (
     return chosen, report | {"mean": mean.tolist(), "std": std.tolist()}
 
 
+def flag_threshold(kind: str, made: list[Trust], kinds: list[str], accepted: list[Trust], references: list[Trust]) -> float | None:
+    """The threshold of the flag that names ``kind`` (``flags_of``'s form; None: it never flags): the lowest
+    cut that trips on at most ``MAX_FALSE_ALARMS`` of the ``accepted`` translations and
+    ``MAX_FALSE_REFERENCES`` of the ``references``, and on more of its kind; None where that cut catches
+    less than ``MIN_CAUGHT`` of its kind."""
+    flag, feature, sign = FLAG_OF[kind]
+    pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
+    cut = max(_threshold(pos, [sign * t.features[feature] for t in negatives], share)
+              for negatives, share in ((accepted, MAX_FALSE_ALARMS), (references, MAX_FALSE_REFERENCES)) if negatives)
+    if cut == math.inf or sum(p >= cut for p in pos) < MIN_CAUGHT * len(pos):
+        return None
+    # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
+    return cut if sign > 0 else math.nextafter(-cut, math.inf)
+
+
+def choose_capping(calibration: dict, own: list[Trust], good: list[bool], made: list[Trust], kinds: list[str]) -> tuple[list[str], list[dict]]:
+    """The flags of ``CAPPED`` that cap the confidence of ``calibration`` (fitted, capping nothing yet: a cap
+    multiplies it by ``CAP_FACTOR``), tried in turn with the caps kept before: a flag caps only where capping the translations
+    of ``own`` it flags ranks the acceptable ones strictly better, in the fit and out of fold (its threshold
+    fitted again on the other folds' acceptable translations, the cap measured on the fold left), and
+    capping the ``made`` pairs it flags ranks the references over no ``GUARDED`` kind worse. Returns the
+    flags and what was measured for each."""
+    def capped_by(trusts: list[Trust], values: list[float], flag: str, thresholds: dict) -> list[float]:
+        return [v * CAP_FACTOR if flag in flags_of(t.features, thresholds) else v for t, v in zip(trusts, values)]
+
+    own_values = [confidence_of(t.features, calibration) for t in own]
+    made_values = [confidence_of(t.features, calibration) for t in made]
+    references = [t for t, k in zip(made, kinds) if k == "correct"]
+    order = list(range(len(own)))
+    random.Random(1).shuffle(order)
+    kept, steps = [], []
+    for flag in CAPPED:
+        kind = next(k for k, (f, _, _) in FLAG_OF.items() if f == flag)
+        thresholds = calibration["thresholds"]
+        if thresholds[flag] is None:
+            steps.append({"flag": flag, "caps": False, "why": "it never flags"})
+            continue
+        with_cap = capped_by(own, own_values, flag, thresholds)
+        gain = ranks_acceptable(with_cap, good) - ranks_acceptable(own_values, good)
+        made_capped = capped_by(made, made_values, flag, thresholds)
+        before, after = _guard(made, kinds, made_values), _guard(made, kinds, made_capped)
+        held = []
+        for k in range(FOLDS):
+            part = sorted(order[k::FOLDS])
+            others = sorted(set(order) - set(part))
+            refit = thresholds | {flag: flag_threshold(kind, made, kinds, [own[i] for i in others if good[i]], references)}
+            mine = [own[i] for i in part]
+            values = [own_values[i] for i in part]
+            labels = [good[i] for i in part]
+            held.append(ranks_acceptable(capped_by(mine, values, flag, refit), labels) - ranks_acceptable(values, labels))
+        held = [g for g in held if not math.isnan(g)]
+        held_gain = sum(held) / max(1, len(held))
+        caps = gain > 0 and held_gain > 0 and all(after[g] >= before[g] for g in GUARDED)
+        steps.append({"flag": flag, "caps": caps, "flagged": sum(v != w for v, w in zip(own_values, with_cap)),
+                      "gain": gain, "held_out_gain": held_gain, "references_over": [before, after]})
+        if caps:
+            kept.append(flag)
+            own_values, made_values = with_cap, made_capped
+    return kept, steps
+
+
 def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust] = (), kinds: list[str] = (),
         length: list[float] | None = None, acceptable: float = ACCEPTABLE) -> dict:
     """A calibration (``qkv.inspect.trust``'s format, version 3) from the model's own translations (``own``)
@@ -311,14 +376,8 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
         references = [t for t, k in zip(made, kinds) if k == "correct"]
         accepted = [t for t, g in zip(own, good) if g]
         out["false_alarms"] = {}
-        for kind, (flag, feature, sign) in FLAG_OF.items():
-            pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
-            cut = max(_threshold(pos, [sign * t.features[feature] for t in negatives], share)
-                      for negatives, share in ((accepted, MAX_FALSE_ALARMS), (references, MAX_FALSE_REFERENCES)) if negatives)
-            if sum(p >= cut for p in pos) < MIN_CAUGHT * len(pos):  # it would flag too few of its kind to be worth its false alarms
-                cut = math.inf
-            # flags_of flags value >= threshold (sign +1) or value < threshold (sign -1, here value <= -cut)
-            out["thresholds"][flag] = None if cut == math.inf else cut if sign > 0 else math.nextafter(-cut, math.inf)
+        for kind, (flag, _, _) in FLAG_OF.items():
+            out["thresholds"][flag] = flag_threshold(kind, made, kinds, accepted, references)
             trips = lambda ts: sum(flag in flags_of(t.features, out["thresholds"]) for t in ts) / max(1, len(ts))  # noqa: E731
             out["false_alarms"][flag] = {"own_acceptable": trips(accepted), "references": trips(references),
                                          "caught": trips([t for t, k in zip(made, kinds) if k == kind])}
@@ -339,8 +398,9 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
     lp = [t.features["logprob_mean"] for t in own]
     out.update(kind="fitted", features=[names[i] for i in keep], mean=[float(mean[i]) for i in keep],
                std=[float(std[i]) for i in keep], weights=[scale * signed[i] for i in keep],
-               bias=b - scale * h_mean, combination=report)
-    given = [confidence_of(t.features, out) for t in own]
+               bias=b - scale * h_mean, combination=report, capping=[])
+    out["capping"], out["capping_selection"] = choose_capping(out, own, good, made, kinds) if made else ([], [])
+    given = [confidence_of(t.features, out, flags_of(t.features, out["thresholds"])) for t in own]
     out.update(logprob={"roc_auc": ranks_acceptable(lp, good), "spearman": spearman(lp, own_chrf)},
                given={"roc_auc": ranks_acceptable(given, good), "spearman": spearman(given, own_chrf)},
                reliability=reliability(given, good), cuts=cut_table(given, good))

@@ -19,6 +19,7 @@ those and the two texts, per sentence (``FEATURES``):
   a + b log(source words + 1) - log(translation words + 1)), with a and b fitted on the validation
   references (the calibration's ``length``; without one a = 0, b = 1): an omission signal;
 - ``attention_entropy``: the last layer's cross-attention entropy over log S;
+- ``loops``: ``repeats`` beyond ``LOOP_FREE`` (0 for fewer);
 - ``eos_logprob``: the end of sentence's log-probability where the translation ends;
 - ``uncovered``: how much of the source the alignment head leaves uncovered (``uncovered``; a model
   without a head: its ALTI+ source parts), and ``omission``, the omission score (``omission_score``).
@@ -26,7 +27,7 @@ those and the two texts, per sentence (``FEATURES``):
 The ``confidence`` in [0, 1] is the checkpoint's own (``calibration_of``): fitted on its translations
 of validation data (``qkv.inspect.calibrate``, ``qkv calibrate``, and the end of ``qkv train``), a
 logistic function of ``logprob_mean`` with a weight that is never negative, and of other features only
-where they ranked the validation translations better (a calibration of version 3 caps nothing). A
+where they ranked the validation translations better; a flag caps it only where its fit chose so. A
 checkpoint without a calibration of its own gets ``LOGPROB_ONLY``: the confidence is the geometric mean
 of the tokens' probabilities, exp(``logprob_mean``), and only the flags that read the text alone
 (repetition, copy); there, and under a calibration of version 2, a ``severe`` loop or copy and the
@@ -55,14 +56,16 @@ from qkv.inspect.visualize import group_words
 from qkv.model.transformer import Transformer
 
 FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
-            "length_ratio", "shortness", "attention_entropy", "eos_logprob", "uncovered", "omission")
+            "length_ratio", "shortness", "attention_entropy", "loops", "eos_logprob", "uncovered", "omission")
 FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
 LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
 
-FLAG_CAP = 0.05  # a translation with a capping flag has at most this confidence
-CAPPED = ("detached", "repetition", "copy")  # the flags that may cap (a calibration's "capping"; all of them without one)
+LOOP_FREE = 3.0  # repeats up to this many are not a loop for ``loops``: the model's own acceptable Multi30k val outputs hold such stutters
+FLAG_CAP = 0.05  # a translation with a capping flag has at most this confidence (LOGPROB_ONLY, version 2)
+CAP_FACTOR = 0.001  # version 3: a capping flag multiplies the confidence by this (below the others, in their own order)
+CAPPED = ("repetition", "detached", "copy")  # the flags that may cap (a calibration's "capping"; all of them without one)
 
 # A checkpoint without a calibration of its own: the confidence is exp(logprob_mean), the geometric mean of
 # the tokens' probabilities (never another model's fit), and only the flags that read the text alone:
@@ -238,11 +241,13 @@ def capped(value: float, features: dict[str, float], flags: list[str], capping) 
 
 def confidence_of(features: dict[str, float], calibration: dict, flags: list[str] = ()) -> float:
     """The confidence: exp(logprob_mean) for a log-probability-only calibration, else the logistic
-    regression's. A calibration of ``qkv calibrate`` (version 3) caps nothing: its flags say what they
-    saw and move no confidence (a cap ranked the run's own validation translations worse: module
-    docstring). The log-probability-only confidence of an uncalibrated checkpoint (``LOGPROB_ONLY``) and a
-    version 2 calibration are at most ``FLAG_CAP`` when one of ``flags`` caps (the calibration's
-    ``capping``, else ``CAPPED``) or the translation is a ``severe`` loop or copy."""
+    regression's. Under a calibration of ``qkv calibrate`` (version 3) it is multiplied by ``CAP_FACTOR``
+    when one of ``flags`` is in the calibration's ``capping``, the flags whose cap ranked the run's own
+    validation translations better (``qkv.inspect.calibrate.choose_capping``). The log-probability-only confidence
+    of an uncalibrated checkpoint (``LOGPROB_ONLY``) and a version 2 calibration are also capped where
+    the translation is a ``severe`` loop or copy (a version 2 calibration without ``capping``: at every flag
+    of ``CAPPED``).
+    """
     if calibration.get("kind", "fitted") == "logprob":
         value = math.exp(min(0.0, features["logprob_mean"]))
     else:
@@ -250,8 +255,8 @@ def confidence_of(features: dict[str, float], calibration: dict, flags: list[str
             w * (features[k] - m) / s
             for k, m, s, w in zip(calibration["features"], calibration["mean"], calibration["std"], calibration["weights"]))
         value = sigmoid(z)
-    if calibration.get("version", 2) >= 3:
-        return value
+    if calibration.get("version", 2) >= 3:  # only the caps its fit chose
+        return value * CAP_FACTOR if any(f in calibration.get("capping", ()) for f in flags) else value
     return capped(value, features, flags, calibration.get("capping", CAPPED))
 
 
@@ -393,6 +398,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(shares[r] for r in rows)
         words.append({"word": word, "prob": round(prob, 4), "source": round(src_share, 4),
                       "marked": prob < WORD_PROB or src_share < WORD_SOURCE})
+    features["loops"] = max(0.0, features["repeats"] - LOOP_FREE)
     features["omission"] = omission_score(features, calibration)
     flags = flags_of(features, calibration["thresholds"])
     return Trust(confidence_of(features, calibration, flags), flags, features, unused, words,

@@ -21,7 +21,7 @@ from qkv.inspect.calibrate import (
     KINDS, MAX_FALSE_ALARMS, MAX_FALSE_REFERENCES, MIN_CLASS, QUANTILES, fit, fit_length, omission_table,
 )
 from qkv.inspect.trust import (
-    CONFIDENCE, FEATURES, FLAG_CAP, FLAGS, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
+    CAP_FACTOR, CONFIDENCE, FEATURES, FLAG_CAP, FLAGS, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
     check_calibration, confidence_of, flags_of, load_calibration, max_repeats, omission_score, uncovered, why_flagged,
 )
 from qkv.io import checkpoint
@@ -111,18 +111,42 @@ def test_a_feature_joins_the_confidence_only_where_it_ranks_validation_better_an
     assert allowed["features"] == ["logprob_mean", "attention_entropy"]
 
 
-def test_a_calibration_of_this_version_caps_nothing_and_an_older_one_still_does():
-    calibration = fit(*_own(300), name="normal")
+def test_a_calibration_caps_only_at_the_flags_its_fit_chose_and_an_older_one_as_before():
+    calibration = fit(*_own(300), name="normal") | {"capping": ["repetition"]}
     check_calibration(calibration, "confidence.json")
     features = {f: 0.0 for f in FEATURES} | {"logprob_mean": -0.3, "repeats": 9.0, "copy": 0.95}
     plain = confidence_of(features, calibration, [])
-    assert plain > FLAG_CAP and all(confidence_of(features, calibration, [flag]) == plain for flag in FLAGS)
+    assert plain > FLAG_CAP and confidence_of(features, calibration, ["copy", "detached"]) == plain  # a severe copy: no cap
+    assert confidence_of(features, calibration, ["repetition"]) == pytest.approx(plain * CAP_FACTOR)
     older = {k: v for k, v in calibration.items() if k not in ("version", "combination")} | {"version": 2, "capping": ["detached"]}
     check_calibration(older, "confidence.json")
     assert confidence_of(features | {"repeats": 1.0, "copy": 0.0}, older, ["detached"]) == FLAG_CAP
     assert confidence_of(features, older, []) == FLAG_CAP  # a severe loop or copy caps a version 2 calibration
     with pytest.raises(QkvError, match="not a calibration"):
         check_calibration(calibration | {"capping": ["omission"]}, "confidence.json")
+
+
+def test_a_flag_caps_only_where_capping_ranks_validation_better_in_and_out_of_fold_and_no_pathology_worse():
+    rng = random.Random(11)
+    own, chrf = _own(600, seed=4)
+    made, kinds = _made(0.6, n=300)
+    for t in own:
+        t.features["copy"] = rng.uniform(0.0, 0.3)
+    for t, c in zip(own, chrf):  # loops on 8% of the bad translations, and on a few good ones
+        t.features["repeats"] = 8.0 if (c < 40 and rng.random() < 0.08) or rng.random() < 0.003 else 1.0
+    for t, kind in zip(made, kinds):
+        t.features["repeats"] = 6.0 if kind == "oscillation" else 1.0
+        t.features["copy"] = 0.95 if kind == "copy" else rng.uniform(0.0, 0.3)
+    calibration = fit(own, chrf, name="loops on bad lines", made=made, kinds=kinds)
+    steps = {s["flag"]: s for s in calibration["capping_selection"]}
+    assert calibration["capping"] == ["repetition"] and steps["repetition"]["held_out_gain"] > 0
+    assert steps["repetition"]["references_over"][1]["oscillation"] > steps["repetition"]["references_over"][0]["oscillation"]
+    assert not steps["copy"]["caps"]  # flags no own translation: nothing gained
+    assert calibration["given"]["roc_auc"] > calibration["logprob"]["roc_auc"]
+    for i, (t, c) in enumerate(zip(own, chrf)):  # now the loops fall on a few good translations only: capping ranks worse
+        t.features["repeats"] = 8.0 if c >= 60 and i % 150 == 0 else 1.0
+    worse = fit(own, chrf, name="loops on good lines", made=made, kinds=kinds)
+    assert worse["thresholds"]["repetition"] == 6.0 and worse["capping"] == []
 
 
 def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and_the_references(tmp_path):
