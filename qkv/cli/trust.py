@@ -55,7 +55,8 @@ def annotator(args: argparse.Namespace, model, tokenizer):
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
 
     def annotate(sources: list[list[str]], translations: list[list[str]], texts: list[str]) -> list[str]:
-        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration)
+        # the tab-separated columns print no word: the light pass where the calibration allows (assess)
+        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration, words=args.confidence == "json")
         return [format_line(text, trust, args.confidence) for text, trust in zip(texts, trusts)]
 
     return annotate

@@ -351,12 +351,14 @@ def batch_features(log_probs: torch.Tensor, share: torch.Tensor, attention: torc
     return [dict(zip(names, row)) for row in rows]
 
 
-def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], shares: list[float],
+def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], shares: list[float] | None,
               source_rows: np.ndarray, head_rows: np.ndarray | None, computed: dict[str, float], source: str,
               translation: str, copy: float, calibration: dict) -> Trust:
-    """One pair. log_probs and shares (T): each target token's log-probability and source share;
-    source_rows (T, S): each token's source part; head_rows (T, S): the alignment head's weights (None: the
-    model has none, and coverage reads the source parts); computed: ``batch_features``'s; copy: ``copy_score``."""
+    """One pair. log_probs and shares (T): each target token's log-probability and source share (None: the
+    light pass of ``assess``, which reads no source shares); source_rows (T, S): each token's source part
+    (in the light pass, the last layer's cross-attention); head_rows (T, S): the alignment head's weights
+    (None: the model has none, and coverage reads source_rows); computed: ``batch_features``'s; copy:
+    ``copy_score``."""
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
     normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
     coverage: list[float] = []
@@ -392,7 +394,11 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "uncovered": uncovered(coverage, content),
     }
     words = []
-    for word, rows in group_words(tgt_pieces):
+    if shares is None:  # the light pass: no source shares, no words
+        for name in ("source_mean", "source_min", "unused"):
+            del features[name]
+        unused = []
+    for word, rows in group_words(tgt_pieces) if shares is not None else ():
         if word == "</s>":
             continue
         prob, src_share = math.exp(min(log_probs[r] for r in rows)), min(shares[r] for r in rows)
@@ -405,10 +411,19 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
                  why_flagged(flags, features, calibration["thresholds"]), coverage)
 
 
+SHARE_FEATURES = ("source_mean", "source_min", "unused")  # the features that need ALTI+'s source shares
+
+
+def needs_shares(calibration: dict) -> bool:
+    """Whether ``calibration``'s confidence or one of its flags reads a source share (``SHARE_FEATURES``)."""
+    flags = [flag for flag, limit in calibration["thresholds"].items() if limit is not None]
+    return any(f in SHARE_FEATURES for f in calibration["features"]) or any(FLAG_FEATURE[f][0] in SHARE_FEATURES for f in flags)
+
+
 @torch.inference_mode()
 def assess(
     model: Transformer, tokenizer, sources: list[str], translations: list[str], *, calibration: dict | None = None,
-    max_tokens: int = 2048,
+    max_tokens: int = 2048, words: bool = True,
 ) -> list[Trust]:
     """A ``Trust`` for each (source, translation) pair, in input order: one teacher-forced pass with
     contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit.
@@ -419,7 +434,13 @@ def assess(
     the calibration of the checkpoint the model was loaded from (``qkv.load_checkpoint``,
     ``Translator.from_checkpoint``), else ``LOGPROB_ONLY``. The sources are what the model read: to
     judge a line that a ``Translator`` with ``text`` options split or recased, use
-    ``translate_with_confidence``, which judges each sentence as it was translated."""
+    ``translate_with_confidence``, which judges each sentence as it was translated.
+
+    ``words`` False: where the calibration reads no source share (``needs_shares``), the **light pass**:
+    the model's plain teacher-forced pass and its alignment head, no ALTI+ (what ``qkv translate
+    --confidence`` prints, the confidence and the flags, at a third of the cost): the features lack
+    ``source_mean``, ``source_min`` and ``unused``, and ``words`` and ``unused_words`` are empty. The
+    confidence, the flags and every other feature are those of the full pass."""
     from qkv.infer.translator import length_batches
 
     if len(sources) != len(translations):
@@ -428,6 +449,7 @@ def assess(
         origin = getattr(model, "checkpoint_dir", None)
         calibration = calibration_of(origin) if origin is not None else LOGPROB_ONLY
     model.eval()
+    light = not words and not needs_shares(calibration)
     limit = model.config.max_len - 1
     src_ids = [tokenizer.encode(s)[:limit] for s in sources]
     tgt_ids = [tokenizer.encode_target(t)[:limit] for t in translations]
@@ -438,27 +460,34 @@ def assess(
             [src_ids[i] for i in batch], [tgt_ids[i] for i in batch],
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
-        found = contributions(model, src, tgt_in, norms=False)  # ALTI and the weights: no value norms
+        if light:
+            memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
+            hidden, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # (B, T, D)
+            cross = weights.cross[-1].mean(dim=1)  # (B, T, S): the last layer's, heads averaged
+        else:
+            found = contributions(model, src, tgt_in, norms=False)  # ALTI and the weights: no value norms
+            memory, hidden, cross = found.memory, found.hidden, found.weights[-1].mean(dim=1)
         head = None if model.config.alignment_layer is None else \
-            model.alignment_head(tgt_in, found.memory, src != tokenizer.pad_id).float().cpu().numpy()  # (B, T, S)
+            model.alignment_head(tgt_in, memory, src != tokenizer.pad_id).float().cpu().numpy()  # (B, T, S)
         real = tgt_out != tokenizer.pad_id  # (B, T): the output projection only where a token is scored
-        logits = model.generator(found.hidden[real]).float()  # (N, V)
-        log_probs = found.hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
+        logits = model.generator(hidden[real]).float()  # (N, V)
+        log_probs = hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
         log_probs[real] = logits.gather(-1, tgt_out[real][:, None])[:, 0] - logits.logsumexp(-1)  # log-softmax at the target
         copies = copy_scores([sources[i] for i in batch], [translations[i] for i in batch])
         log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
-        source_part = found.alti[-1][..., :S].double()  # (B, T, S): padding columns hold exactly 0
-        share = source_part.sum(-1)  # (B, T)
+        # (B, T, S): each token's source part (padding columns hold exactly 0); the light pass: the attention
+        source_part = cross.double() if light else found.alti[-1][..., :S].double()
+        share = source_part.sum(-1)  # (B, T); not a source share in the light pass (read by nothing there)
         n_src = torch.tensor([len(src_ids[i]) + 1 for i in batch])  # with EOS
         n_tgt = torch.tensor([len(tgt_ids[i]) + 1 for i in batch])
-        computed = batch_features(log_probs, share, found.weights[-1].mean(dim=1), n_tgt.to(share.device), n_src.to(share.device))
+        computed = batch_features(log_probs, share, cross, n_tgt.to(share.device), n_src.to(share.device))
         rows_of, lps, shares = source_part.cpu().numpy(), log_probs.tolist(), share.tolist()
         for b, i in enumerate(batch):
             s, t = int(n_src[b]), int(n_tgt[b])
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
-                lps[b][:t], shares[b][:t], rows_of[b, :t, :s], None if head is None else head[b, :t, :s], computed[b],
+                lps[b][:t], None if light else shares[b][:t], rows_of[b, :t, :s], None if head is None else head[b, :t, :s], computed[b],
                 sources[i], translations[i], copies[b], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing
@@ -489,7 +518,7 @@ def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
 
 
 def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], translations: list[list[str]], *,
-                 calibration: dict | None = None, max_tokens: int = 2048) -> list[Trust]:
+                 calibration: dict | None = None, max_tokens: int = 2048, words: bool = True) -> list[Trust]:
     """One ``Trust`` a line for lines cut into sentences: ``sources[i]`` are the sentences of line i as the
     model read them (split, recased), ``translations[i]`` its translations of them, before they were
     recased and joined. Each sentence is judged as it was translated (``assess``), then the line
@@ -498,7 +527,7 @@ def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], transl
     flat_tgt = [t for line in translations for t in line]
     if len(flat_src) != len(flat_tgt) or any(len(a) != len(b) for a, b in zip(sources, translations)):
         raise QkvError("each sentence needs one translation")
-    trusts = assess(model, tokenizer, flat_src, flat_tgt, calibration=calibration, max_tokens=max_tokens)
+    trusts = assess(model, tokenizer, flat_src, flat_tgt, calibration=calibration, max_tokens=max_tokens, words=words)
     out, start = [], 0
     for line in sources:
         out.append(combined(trusts[start : start + len(line)], [len(s.split()) for s in line]))
