@@ -64,6 +64,10 @@ def main() -> None:
                         help="the labelled natural pairs: translations.txt and labels.tsv")
     parser.add_argument("--parts", default="synthetic,natural,test", help="which parts to run (their results are merged into OUT/trust.json)")
     parser.add_argument("--test-translations", help="the model's beam-5 translations of test_2016_flickr (default: translate)")
+    parser.add_argument("--calibration", choices=("half", "checkpoint"), default="half",
+                        help="half: fit on val lines 1-507 and report on the rest (default); checkpoint: the checkpoint's own "
+                             "confidence.json, as qkv calibrate fitted it on all of val (the made-up pairs of val 508-1,014 then "
+                             "are pairs its flags were fitted on)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     loaded = checkpoint.load(args.checkpoint)
@@ -73,7 +77,8 @@ def main() -> None:
     out = Path(args.out)
     previous = out / "trust.json"
     result: dict = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
-    result.update({"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    result.update({"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                   "calibration_from": args.calibration})
     parts = set(args.parts.split(","))
 
     from dataclasses import replace
@@ -81,7 +86,12 @@ def main() -> None:
     from qkv.cli.common import LOOP_GUARD
 
     config = replace(DecodeConfig(**getattr(model, "decode_defaults", {})), loop_guard=LOOP_GUARD)  # what qkv calibrate searches with
-    calibration = calibrate(model, tok, src[:HALF], ref[:HALF], name=f"val lines 1-{HALF}", config=config)  # what qkv calibrate does
+    if args.calibration == "checkpoint":
+        from qkv.inspect.trust import calibration_of
+
+        calibration = calibration_of(checkpoint.resolve(args.checkpoint))
+    else:
+        calibration = calibrate(model, tok, src[:HALF], ref[:HALF], name=f"val lines 1-{HALF}", config=config)  # what qkv calibrate does
     result["calibration"] = calibration
     if "synthetic" in parts:
         synthetic(result, model, tok, src, ref, calibration)
