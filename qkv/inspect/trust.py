@@ -22,7 +22,7 @@ those and the two texts, per sentence (``FEATURES``):
 - ``loops``: ``repeats`` beyond ``LOOP_FREE`` (0 for fewer);
 - ``eos_logprob``: the end of sentence's log-probability where the translation ends;
 - ``uncovered``: how much of the source the alignment head leaves uncovered (``uncovered``; a model
-  without a head: its ALTI+ source parts), and ``omission``, the omission score (``omission_score``).
+  without a head: its last layer's cross-attention), and ``omission``, the omission score (``omission_score``).
 
 The ``confidence`` in [0, 1] is the checkpoint's own (``calibration_of``): fitted on its translations
 of validation data (``qkv.inspect.calibrate``, ``qkv calibrate``, and the end of ``qkv train``), a
@@ -352,13 +352,13 @@ def batch_features(log_probs: torch.Tensor, share: torch.Tensor, attention: torc
 
 
 def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[float], shares: list[float] | None,
-              source_rows: np.ndarray, head_rows: np.ndarray | None, computed: dict[str, float], source: str,
+              source_rows: np.ndarray, aligned_rows: np.ndarray, computed: dict[str, float], source: str,
               translation: str, copy: float, calibration: dict) -> Trust:
     """One pair. log_probs and shares (T): each target token's log-probability and source share (None: the
     light pass of ``assess``, which reads no source shares); source_rows (T, S): each token's source part
-    (in the light pass, the last layer's cross-attention); head_rows (T, S): the alignment head's weights
-    (None: the model has none, and coverage reads source_rows); computed: ``batch_features``'s; copy:
-    ``copy_score``."""
+    (in the light pass, the last layer's cross-attention); aligned_rows (T, S): what coverage reads, the
+    alignment head's weights (a model without a head: the last layer's cross-attention, heads averaged);
+    computed: ``batch_features``'s; copy: ``copy_score``."""
     src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
     normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
     coverage: list[float] = []
@@ -375,8 +375,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
             word_of[cols] = j
         per_word = by_word(normalised)
         used = (per_word[:, :-1].max(0) * len(src_words) >= USED).tolist()
-        aligned = per_word if head_rows is None else by_word(head_rows)
-        coverage = aligned[:-1, :-1].sum(0).tolist()  # (W,): over the target tokens, the EOS's row left out
+        coverage = by_word(aligned_rows)[:-1, :-1].sum(0).tolist()  # (W,): over the target tokens, the EOS's row left out
     else:
         used = []
     unused = [j for j, u in enumerate(used) if not u]
@@ -467,8 +466,8 @@ def assess(
         else:
             found = contributions(model, src, tgt_in, norms=False)  # ALTI and the weights: no value norms
             memory, hidden, cross = found.memory, found.hidden, found.weights[-1].mean(dim=1)
-        head = None if model.config.alignment_layer is None else \
-            model.alignment_head(tgt_in, memory, src != tokenizer.pad_id).float().cpu().numpy()  # (B, T, S)
+        aligned = (cross if model.config.alignment_layer is None else
+                   model.alignment_head(tgt_in, memory, src != tokenizer.pad_id)).float().cpu().numpy()  # (B, T, S)
         real = tgt_out != tokenizer.pad_id  # (B, T): the output projection only where a token is scored
         logits = model.generator(hidden[real]).float()  # (N, V)
         log_probs = hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
@@ -487,7 +486,7 @@ def assess(
             s, t = int(n_src[b]), int(n_tgt[b])
             results[i] = _sentence(
                 tokenizer.pieces([*src_ids[i], tokenizer.eos_id]), tokenizer.pieces([*tgt_ids[i], tokenizer.eos_id]),
-                lps[b][:t], None if light else shares[b][:t], rows_of[b, :t, :s], None if head is None else head[b, :t, :s], computed[b],
+                lps[b][:t], None if light else shares[b][:t], rows_of[b, :t, :s], aligned[b, :t, :s], computed[b],
                 sources[i], translations[i], copies[b], calibration)
     for i, (source, translation) in enumerate(zip(sources, translations)):
         if not source.strip() and not translation.strip():  # an empty line's empty translation misses nothing

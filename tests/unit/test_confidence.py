@@ -295,8 +295,10 @@ def test_the_light_pass_gives_the_full_passs_confidence_flags_and_features(rando
     """What qkv translate --confidence prints (no words) comes from the plain pass where the calibration
     reads no source share; where it does, the full pass runs all the same."""
     loaded = qkv.load_checkpoint(random_checkpoint)
-    sources = ["A dog runs across the green field.", "Two children play with a red ball on the beach .", "Hi"]
-    translations = ["Ein Hund rennt über die grüne Wiese.", "Zwei Kinder spielen Kinder Kinder Kinder Kinder Kinder.", "Hallo"]
+    sources = ["A dog runs across the green field.", "Two children play with a red ball on the beach .", "Hi",
+               "An old man in a red coat sells fresh bread and cheese at the market near the harbour."]
+    translations = ["Ein Hund rennt über die grüne Wiese.", "Zwei Kinder spielen Kinder Kinder Kinder Kinder Kinder.", "Hallo",
+                    "Ein Mann."]
     own = [_trust(logprob_mean=-1.0 - i / 50, uncovered=i / 100, eos_logprob=-i / 20) for i in range(60)]
     calibration = fit(own, [100.0 - i for i in range(60)], name="light") | {
         "thresholds": {"detached": None, "partly-detached": None, "repetition": 3.0, "copy": 0.5, "omission": 0.9}}
@@ -306,7 +308,7 @@ def test_the_light_pass_gives_the_full_passs_confidence_flags_and_features(rando
         assert (a.confidence, a.flags) == (b.confidence, b.flags) and a.words and not b.words
         assert set(a.features) - set(b.features) == {"source_mean", "source_min", "unused"}
         assert all(b.features[k] == pytest.approx(a.features[k], abs=1e-6) for k in b.features)
-    assert "repetition" in light[1].flags
+    assert "repetition" in light[1].flags and light[3].features["uncovered"] > 0.3  # a long source, two words back
     shares = calibration | {"thresholds": calibration["thresholds"] | {"detached": 0.1}}
     (needed,) = assess(loaded.model, loaded.tokenizer, sources[:1], translations[:1], calibration=shares, words=False)
     assert "source_mean" in needed.features  # the detached flag reads a source share: the full pass
