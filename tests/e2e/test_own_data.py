@@ -6,6 +6,7 @@ dev, ``--confidence`` and a glossary."""
 from __future__ import annotations
 
 import gzip
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,8 @@ def test_the_own_data_guide_runs_end_to_end_on_3000_pairs(tmp_path):
     assert not train & dev and not train & test and not dev & test
     out = qkv("train", "--preset", "tiny", "--train-src", "split/train.en", "--train-tgt", "split/train.fr",
               "--valid-src", "split/dev.en", "--valid-tgt", "split/dev.fr", "--src", "en", "--tgt", "fr",
-              "--out", "runs/en-fr", "--max-steps", "30", "--train", "calibrate=true", "--no-progress", cwd=tmp_path)
+              "--out", "runs/en-fr", "--max-steps", "30", "--train", "calibrate=true", "alignment=0.5", "--no-progress",
+              cwd=tmp_path)  # as docs/own-data.md trains: with the alignment head
     assert out.returncode == 0, out.stderr
     assert "training" in out.stderr and "note: this run reads only the first 500 training pairs" in out.stderr
     out = qkv("evaluate", "--checkpoint", "runs/en-fr", "--src-file", "split/test.en", "--ref-file", "split/test.fr", cwd=tmp_path)
@@ -72,6 +74,10 @@ def test_the_own_data_guide_runs_end_to_end_on_3000_pairs(tmp_path):
     out = qkv("translate", "--checkpoint", "runs/en-fr", "--confidence", cwd=tmp_path, stdin="A man rides a bike on the beach.\n")
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.splitlines()) == 1 and 0 <= float(out.stdout.split("\t")[1]) <= 1
+    assert (tmp_path / "runs" / "en-fr" / "alignment-links.npz").is_file()
+    out = qkv("translate", "--checkpoint", "runs/en-fr", "--confidence", "json", cwd=tmp_path, stdin="A man rides a bike on the beach.\n")
+    assert out.returncode == 0, out.stderr
+    assert 0 <= json.loads(out.stdout)["omission"] <= 1  # read from the head the run trained
     (tmp_path / "terms.tsv").write_text("bike\tvélo\n", encoding="utf-8")
     out = qkv("translate", "--checkpoint", "runs/en-fr", "--glossary", "terms.tsv", cwd=tmp_path, stdin="A man rides a bike on the beach.\n")
     assert out.returncode == 0, out.stderr
