@@ -11,7 +11,7 @@ those and the two texts, per sentence (``FEATURES``):
 - ``unused``: the fraction of source words that no target token used: a word is used when, for
   some target token, its share of that token's source part is at least ``USED`` of the uniform share;
 - ``repeats``: the most consecutive repeats of one n-gram of words (n = 1 to 4) in the translation,
-  or of a run of one to three characters, less two (``char_repeats``: a loop inside a word);
+  or of a run of one to five characters, less two (``char_repeats``: a loop inside a word);
 - ``copy``: character F-score (chrF) of the translation against its own source, in [0, 1];
 - ``length_ratio``: the absolute log of (translation words + 1) / (source words + 1): too long and too
   short alike;
@@ -121,10 +121,12 @@ def max_repeats(words: list[str], max_n: int = 4) -> int:
     return best
 
 
-def char_repeats(text: str, max_n: int = 3) -> int:
+def char_repeats(text: str, max_n: int = 5) -> int:
     """The most times one run of 1 to ``max_n`` characters occurs back to back, less two (so that German's
-    "fff" counts 1 and a loop inside a word, "EEEEEEEE" or "19999999", counts as many as it runs); linear
-    in the text, as ``max_repeats``."""
+    "fff" counts 1 and a loop inside a word, "EEEEEEEE", "19999999" or "Motorrollrollrollroll", counts as
+    many as it runs); linear in the text, as ``max_repeats``. Runs of four and five characters since
+    2026-12-06: on the natural pairs of docs/trust.md they let the repetition flag catch 102 of the 129
+    hallucinations instead of 97, the model's own acceptable validation translations unchanged."""
     best = 0
     for n in range(1, max_n + 1):
         run = 0

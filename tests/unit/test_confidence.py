@@ -235,6 +235,8 @@ def test_repeat_counts_are_linear_in_the_line():
     assert max_repeats(["Haus"] * 30_000) == 30_000
     assert max_repeats("ein Hund und".split() * 10_000) == 10_000
     assert char_repeats("E" * 30_000) == 29_998 and char_repeats("ab" * 15_000) == 14_998
+    assert char_repeats("Motorrollrollrollroll") == 2 and char_repeats("Skimboardboardboardboard") == 2  # units of four and five
+    assert char_repeats("Schifffahrt") == 1 and char_repeats("Kinderkinder") == 1  # German's own: no loop
     assert time.monotonic() - started < 10
 
 
