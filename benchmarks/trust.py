@@ -178,6 +178,15 @@ def test_part(result: dict, model, tok, read, calibration: dict, translations: s
     result["test_flagged"] = sum(bool(t.flags) for t in test_trusts)
     acceptable = [t for t, c in zip(test_trusts, chrf) if c >= 50]
     result["test_acceptable_flagged"] = [sum(bool(t.flags) for t in acceptable), len(acceptable)]
+    # Made-up pathologies of the test references (report only): the references ranked over each, and flagged
+    made = synthetic_pairs(test_src, test_ref)
+    kinds = [k for k, _, _ in made]
+    judged = assess(model, tok, [s for _, s, _ in made], [t for _, _, t in made], calibration=calibration, words=False)
+    correct = [t for t, k in zip(judged, kinds) if k == "correct"]
+    result["test_made_up"] = {kind: {name: round(roc_auc([value(t) for t in correct], [value(t) for t, k in zip(judged, kinds) if k == kind]), 4)
+                                     for name, value in (("confidence", lambda t: t.confidence), ("logprob", lambda t: t.features["logprob_mean"]))}
+                              for kind in ("detached", "oscillation", "copy")}
+    result["test_made_up"]["references_flagged"] = [sum(bool(t.flags) for t in correct), len(correct)]
 
 
 if __name__ == "__main__":
