@@ -3,7 +3,10 @@ thresholds on pairs with exact labels, and the measures that say how well a dete
 
 ``calibrate`` translates the validation sources as the command line does (beam search with the loop
 guard), and also ``JOIN_EVERY``-th pairs joined two to a line (provoking inputs made from val, with
-their references joined: long lines are where the model drops clauses and loops). ``calibrate_checkpoint``
+their references joined: long lines are where the model drops clauses and loops), those without the
+loop guard, as an engine that lets a model loop would (what ``qkv score --confidence`` may be given):
+searched with it, the En->De model's own validation translations held no loop at all, and a
+calibration cannot weigh what it never sees (docs/trust.md). ``calibrate_checkpoint``
 translates and judges each line whole, as ``qkv score --confidence`` and ``--no-split`` read a line:
 a caption is one sentence, so only the joined pairs differ from what ``qkv translate --confidence``
 judges (each of their sentences alone). Fitted on those pairs cut into sentences instead, the En->De
@@ -421,6 +424,8 @@ def calibrate(model, tokenizer, sources: list[str], references: list[str], *, na
     line one sentence), scored by sentence chrF, the features of each line as ``--confidence`` judges
     it (each sentence as the model read and wrote it, the line by its weakest: ``assess_lines``), and
     the labelled pairs for the flags where the references allow."""
+    from dataclasses import replace
+
     from qkv.infer.bleu import sentence_chrf
     from qkv.infer.translator import Translator
     from qkv.inspect.trust import assess, assess_lines
@@ -437,7 +442,11 @@ def calibrate(model, tokenizer, sources: list[str], references: list[str], *, na
         made = []
     log(f"calibrating on {name}: translating {len(sources)} sources and {len(joined_src)} joined pairs, then scoring "
         f"them{f' and {len(made)} labelled pairs' if made else ''} ...")
-    lines = Translator(model, tokenizer, config, text=text).translate_lines(inputs)
+    # The joined pairs without the loop guard: lines made to provoke loops, translated as an engine that lets a
+    # model loop would (what qkv score --confidence may be given), so that the fit sees the loops it must rank
+    unguarded = replace(config, loop_guard=0) if config is not None else None
+    lines = (Translator(model, tokenizer, config, text=text).translate_lines(sources)
+             + Translator(model, tokenizer, unguarded, text=text).translate_lines(joined_src))
     translations = [line.text for line in lines]
     chrf = sentence_chrf(translations, refs)
     length = fit_length(sources, references)
