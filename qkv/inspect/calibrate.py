@@ -193,16 +193,25 @@ def _matrix(trusts: list[Trust], features: list[str]) -> torch.Tensor:
     return torch.tensor([[t.features[f] for f in features] for t in trusts], dtype=torch.float64)  # (N, F)
 
 
+def fold_indices(n: int, k: int = FOLDS, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    """(the other indices, the fold's indices) of each of ``k`` seeded folds over ``n`` items."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [(sorted(set(order) - set(order[j::k])), sorted(order[j::k])) for j in range(k)]
+
+
+def _mean_gain(gains: list[float]) -> float:
+    """The mean of the folds' gains that are numbers (a fold of one kind has no ROC AUC)."""
+    known = [g for g in gains if not math.isnan(g)]
+    return sum(known) / max(1, len(known))
+
+
 def cross_validated(trusts: list[Trust], acceptable: list[bool], features: list[str], *, folds: int = FOLDS,
                     seed: int = 1) -> list[float]:
     """Each translation's logit from the regression fitted on the other folds (seeded folds)."""
-    order = list(range(len(trusts)))
-    random.Random(seed).shuffle(order)
     x, y = _matrix(trusts, features), torch.tensor(acceptable, dtype=torch.float64)
     out = [0.0] * len(trusts)
-    for k in range(folds):
-        held = order[k::folds]
-        train = sorted(set(order) - set(held))
+    for train, held in fold_indices(len(trusts), folds, seed):
         mean, std = x[train].mean(0), x[train].std(0).clamp(min=1e-6)
         w, b = logistic((x[train] - mean) / std, y[train])
         for i, z in zip(held, ((x[held] - mean) / std @ w + b).tolist()):
@@ -279,15 +288,12 @@ def choose_combination(own: list[Trust], good: list[bool], made: list[Trust] = (
         return best if rank[best] > rank[base] else base
 
     chosen = pick(list(range(len(own))))
-    order = list(range(len(own)))
-    random.Random(1).shuffle(order)
     gains = []
-    for k in range(FOLDS):
-        held = sorted(order[k::FOLDS])
-        cell = pick(sorted(set(order) - set(held)))
+    for others, held in fold_indices(len(own)):
+        cell = pick(others)
         gains.append(ranks_acceptable([scores[cell][i] for i in held], [good[i] for i in held])
                      - ranks_acceptable([scores[base][i] for i in held], [good[i] for i in held]))
-    held_out_gain = sum(g for g in gains if not math.isnan(g)) / max(1, sum(not math.isnan(g) for g in gains))
+    held_out_gain = _mean_gain(gains)
     if not held_out_gain > 0:
         chosen = base
     report = {"weights": dict(zip(COMBINED, chosen)), "held_out_gain": held_out_gain,
@@ -324,8 +330,6 @@ def choose_capping(calibration: dict, own: list[Trust], good: list[bool], made: 
     own_values = [confidence_of(t.features, calibration) for t in own]
     made_values = [confidence_of(t.features, calibration) for t in made]
     references = [t for t, k in zip(made, kinds) if k == "correct"]
-    order = list(range(len(own)))
-    random.Random(1).shuffle(order)
     kept, steps = [], []
     for flag in CAPPED:
         kind = next(k for k, (f, _, _) in FLAG_OF.items() if f == flag)
@@ -338,16 +342,12 @@ def choose_capping(calibration: dict, own: list[Trust], good: list[bool], made: 
         made_capped = capped_by(made, made_values, flag, thresholds)
         before, after = _guard(made, kinds, made_values), _guard(made, kinds, made_capped)
         held = []
-        for k in range(FOLDS):
-            part = sorted(order[k::FOLDS])
-            others = sorted(set(order) - set(part))
+        for others, part in fold_indices(len(own)):
             refit = thresholds | {flag: flag_threshold(kind, made, kinds, [own[i] for i in others if good[i]], references)}
-            mine = [own[i] for i in part]
-            values = [own_values[i] for i in part]
-            labels = [good[i] for i in part]
-            held.append(ranks_acceptable(capped_by(mine, values, flag, refit), labels) - ranks_acceptable(values, labels))
-        held = [g for g in held if not math.isnan(g)]
-        held_gain = sum(held) / max(1, len(held))
+            values, labels = [own_values[i] for i in part], [good[i] for i in part]
+            held.append(ranks_acceptable(capped_by([own[i] for i in part], values, flag, refit), labels)
+                        - ranks_acceptable(values, labels))
+        held_gain = _mean_gain(held)
         caps = gain > 0 and held_gain > 0 and all(after[g] >= before[g] for g in GUARDED)
         steps.append({"flag": flag, "caps": caps, "flagged": sum(v != w for v, w in zip(own_values, with_cap)),
                       "gain": gain, "held_out_gain": held_gain, "references_over": [before, after]})
