@@ -96,7 +96,6 @@ class Trust:
     unused_words: list[int] = field(default_factory=list)
     words: list[dict] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)  # each flag's reason: its feature against its threshold
-    coverage: list[float] = field(default_factory=list)  # each source word's alignment mass over the target words
 
     def to_json(self, *, words: bool = True) -> dict:
         out = {"confidence": round(self.confidence, 4), "omission": round(self.features.get("omission", 0.0), 4),
@@ -297,12 +296,13 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
     (in the light pass, the last layer's cross-attention); aligned_rows (T, S): what coverage reads, the
     alignment head's weights (a model without a head: the last layer's cross-attention, heads averaged);
     computed: ``batch_features``'s; copy: ``copy_score``."""
-    src_words = [cols for w, cols in group_words(src_pieces) if w != "</s>"]
-    normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
+    grouped = [(w, cols) for w, cols in group_words(src_pieces) if w != "</s>"]
+    src_words = [cols for _, cols in grouped]
+    content = [any(ch.isalnum() for ch in w) for w, _ in grouped]  # punctuation weighs nothing
     coverage: list[float] = []
-    content = [any(ch.isalnum() for ch in w) for w, _ in group_words(src_pieces) if w != "</s>"]  # punctuation weighs nothing
+    used: list[bool] = []
     if src_words:
-        word_of = np.full(normalised.shape[1], len(src_words), dtype=np.int64)  # (S,): each piece's word; EOS's last
+        word_of = np.full(aligned_rows.shape[1], len(src_words), dtype=np.int64)  # (S,): each piece's word; EOS's last
 
         def by_word(rows: np.ndarray) -> np.ndarray:  # (T, S) -> (T, W + 1): each word's weight, its pieces summed
             out = np.zeros((rows.shape[0], len(src_words) + 1))
@@ -311,11 +311,10 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
 
         for j, cols in enumerate(src_words):
             word_of[cols] = j
-        per_word = by_word(normalised)
-        used = (per_word[:, :-1].max(0) * len(src_words) >= USED).tolist()
+        if shares is not None:  # the light pass reads no source part
+            normalised = source_rows / np.maximum(source_rows.sum(-1, keepdims=True), 1e-12)  # (T, S): over the source
+            used = (by_word(normalised)[:, :-1].max(0) * len(src_words) >= USED).tolist()
         coverage = by_word(aligned_rows)[:-1, :-1].sum(0).tolist()  # (W,): over the target tokens, the EOS's row left out
-    else:
-        used = []
     unused = [j for j, u in enumerate(used) if not u]
     src_n, tgt_words = len(source.split()), translation.split()
     features = {
@@ -334,7 +333,6 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
     if shares is None:  # the light pass: no source shares, no words
         for name in ("source_mean", "source_min", "unused"):
             del features[name]
-        unused = []
     for word, rows in group_words(tgt_pieces) if shares is not None else ():
         if word == "</s>":
             continue
@@ -345,7 +343,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
     features["omission"] = omission_score(features, calibration)
     flags = flags_of(features, calibration["thresholds"])
     return Trust(confidence_of(features, calibration, flags), flags, features, unused, words,
-                 why_flagged(flags, features, calibration["thresholds"]), coverage)
+                 why_flagged(flags, features, calibration["thresholds"]))
 
 
 SHARE_FEATURES = ("source_mean", "source_min", "unused")  # the features that need ALTI+'s source shares
@@ -375,7 +373,7 @@ def assess(
 
     ``words`` False: where the calibration reads no source share (``needs_shares``), the **light pass**:
     the model's plain teacher-forced pass and its alignment head, no ALTI+ (what ``qkv translate
-    --confidence`` prints, the confidence and the flags, at a third of the cost): the features lack
+    --confidence`` prints, the confidence and the flags, in about half the time): the features lack
     ``source_mean``, ``source_min`` and ``unused``, and ``words`` and ``unused_words`` are empty. The
     confidence, the flags and every other feature are those of the full pass."""
     from qkv.infer.translator import length_batches
@@ -450,8 +448,7 @@ def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
     offsets = [sum(source_words[:k]) for k in range(len(trusts))]
     unused = [o + j for t, o in zip(trusts, offsets) for j in t.unused_words]
     features = weakest.features | {"omission": max(t.features.get("omission", 0.0) for t in trusts)}
-    return Trust(weakest.confidence, flags, features, unused, [w for t in trusts for w in t.words], why,
-                 [c for t in trusts for c in t.coverage])
+    return Trust(weakest.confidence, flags, features, unused, [w for t in trusts for w in t.words], why)
 
 
 def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], translations: list[list[str]], *,
