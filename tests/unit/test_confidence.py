@@ -314,3 +314,15 @@ def test_the_light_pass_gives_the_full_passs_confidence_flags_and_features(rando
     shares = calibration | {"thresholds": calibration["thresholds"] | {"detached": 0.1}}
     (needed,) = assess(loaded.model, loaded.tokenizer, sources[:1], translations[:1], calibration=shares, words=False)
     assert "source_mean" in needed.features  # the detached flag reads a source share: the full pass
+
+
+def test_an_older_calibrations_omission_flag_no_longer_fires(tmp_path):
+    """A version 2 confidence.json thresholded omission on ``unused``; the feature of that name is now the
+    omission score, so the old threshold is dropped when the file is read (docs/trust.md)."""
+    older = fit(*_own(300), name="normal") | {"version": 2, "capping": ["detached"]}
+    older["thresholds"] = older["thresholds"] | {"omission": 0.08}
+    path = tmp_path / "confidence.json"
+    path.write_text(json.dumps(older))
+    loaded = load_calibration(path)
+    assert loaded["thresholds"]["omission"] is None and loaded["thresholds"]["repetition"] == older["thresholds"]["repetition"]
+    assert "omission" not in flags_of({f: 0.0 for f in FEATURES} | {"omission": 1.0, "unused": 1.0}, loaded["thresholds"])
