@@ -176,7 +176,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
     return Document(segments, write, "html")
 
 
-_HEAD_GAP = re.compile(r"(<html\b[^>]*>)(\s*)<head\b", re.IGNORECASE)
+_HEAD_GAP = re.compile(r"(<html\b[^<>]*>)(\s*)<head\b", re.IGNORECASE)  # [^<>]: linear on "<html <html ..."
 _TAIL = re.compile(r"</body\s*>(\s*)</html\s*>(\s*)$", re.IGNORECASE)
 
 
