@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,10 +94,12 @@ class Encodings:
     """The encoder outputs a search in this process computed, kept by source sentence while it runs, so
     that the alignment pass does not encode the same sentences again (``encode``: ``model.encode`` for a
     batch, from what was kept where every sentence of it was, else computed). Hooks on the model's source
-    embedding (its input: the batch) and final encoder norm (its output: the memory), removed on exit."""
+    embedding (its input: the batch) and final encoder norm (its output: the memory), removed on exit;
+    they read only the passes of the thread that made it (a server's batcher searches the same model beside it)."""
 
     def __init__(self, model, pad_id: int) -> None:
         self.model, self.pad_id, self.kept, self.src, self.hooks = model, pad_id, {}, None, []
+        self.thread = threading.get_ident()  # the thread that searches with it (its hooks see every thread's)
 
     def __enter__(self) -> Encodings:
         self.hooks = [self.model.src_embed.register_forward_pre_hook(self._source),
@@ -108,10 +111,12 @@ class Encodings:
             hook.remove()
 
     def _source(self, module, args) -> None:
+        if threading.get_ident() != self.thread:
+            return
         self.src = args[0]  # (B, S); a tied embedding also sees target tokens, after the encoder's norm
 
     def _memory(self, module, args, output) -> None:
-        if self.src is None or self.src.shape != output.shape[:2]:
+        if threading.get_ident() != self.thread or self.src is None or self.src.shape != output.shape[:2]:
             return
         for b in range(self.src.size(0)):
             ids = self.src[b][self.src[b] != self.pad_id]
