@@ -21,7 +21,8 @@ from qkv.document.segments import Document, Element, SegmentBuilder, Void
 MAX_CUES = 4
 MAX_GAP_S = 3.0
 _TAG = re.compile(r"<(/?)([A-Za-z][\w.-]*)?[^<>]*>|<\d[\d:.]*>")  # a cue's inline tag (or a WebVTT timestamp)
-_TIMING = re.compile(r"\d:\d\d[.,:]\d+\s*-{1,2}>")  # what a cue's timing line looks like, even a broken one
+# what a cue's timing line starts with, even a broken one (at the start: a cue's text may hold "at 1:30:00 ->")
+_TIMING = re.compile(r"\s*(?:\d+:)+\d+[.,:]\d+\s*-{1,2}>")
 _VTT_TIMING = re.compile(r"\s*(?:\d+:)?\d\d:\d\d\.\d{3}\s+-->\s+(?:\d+:)?\d\d:\d\d\.\d{3}(?:\s|$)")  # WebVTT's own form
 _END = re.compile(r"""[.!?\u2026\u266a]["'\u201d\u00bb)\]]*$""")
 
@@ -162,10 +163,10 @@ def read_vtt(text: str, target_lang: str | None = None) -> Document:
     except Exception as error:  # noqa: BLE001 webvtt-py's errors (MalformedFileError, ValueError, ...) all mean this
         raise QkvError(f"not a WebVTT file: {error}") from None
     captions = vtt.captions
-    lines = text.splitlines()
-    timings = [n for n, line in enumerate(lines, 1) if _TIMING.search(line)]
+    source_lines = text.splitlines()
+    timings = [n for n, line in enumerate(source_lines, 1) if _TIMING.match(line)]
     if len(timings) != len(captions):  # webvtt-py skips a block it cannot read: refuse rather than lose a cue
-        bad = next((n for n in timings if not _VTT_TIMING.match(lines[n - 1])), timings[-1] if timings else 1)
+        bad = next((n for n in timings if not _VTT_TIMING.match(source_lines[n - 1])), timings[-1] if timings else 1)
         raise QkvError(f"line {bad}: not a WebVTT cue timing ('start --> end' with times as hh:mm:ss.ttt)")
     texts = [c.raw_text for c in captions]
     segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions])
