@@ -13,8 +13,11 @@ and whose German side stands in the reference (whole words, as written); English
   "Hund" as "Hunde"); the glossary lists the dictionary's form first, then as accepted forms those of
   its forms with an ending that occur in the training target, and the translation must choose one.
 
-Rows: no glossary; ``--glossary`` (the constrained search only for the sentences whose translation
-misses a term); ``--glossary-always`` (the constrained search for every sentence with a term). Columns:
+Rows: no glossary; ``--glossary`` (a sentence whose translation misses a term mended where the
+alignment head puts its source term, ``qkv.infer.terms.substitute``, and searched again with constraints
+where that fails); ``search`` (the constrained search for every sentence that misses a term, as
+``--glossary`` did before it mended by alignment, and as it does for a model without an alignment
+head); ``--glossary-always`` (the constrained search for every sentence with a term). Columns:
 term use (the form asked for; any accepted form), terms placed where their source term aligns (the
 alignment check), BLEU and chrF of the set's sentences, and seconds for the set on the machine's threads
 (median of ``--repeats``; each row translates the same sentences in the same process, one after another).
@@ -42,7 +45,7 @@ from qkv.infer.search import DecodeConfig
 from qkv.infer.glossary import Glossary, Term
 from qkv.infer.terms import translate_with_glossary
 from qkv.infer.translator import Translator
-from qkv.inspect.terms import place
+from qkv.inspect.terms import alignment_substitution, place
 from qkv.io import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,11 +128,13 @@ def run_rows(translator: Translator, model, records: list[dict], repeats: int) -
     glossaries = [Glossary.from_pairs(r["terms"]) for r in records]
     empty = [Glossary([]) for _ in records]
     rows = {}
-    for row, glossary, always in (("none", empty, False), ("glossary", glossaries, False), ("always", glossaries, True)):
+    mend = alignment_substitution(model, translator.tokenizer)
+    for row, glossary, always, align in (("none", empty, False, None), ("glossary", glossaries, False, mend),
+                                         ("search", glossaries, False, None), ("always", glossaries, True, None)):
         times, results = [], None
         for _ in range(repeats):
             started = time.perf_counter()
-            results = translate_with_glossary(translator, sources, glossary, always=always)
+            results = translate_with_glossary(translator, sources, glossary, always=always, align=align)
             times.append(time.perf_counter() - started)
         texts = [r.text for r in results]
         # Term use judged with the glossaries also for the row without one.
@@ -149,6 +154,7 @@ def run_rows(translator: Translator, model, records: list[dict], repeats: int) -
             "terms": asked, "exact_form": exact / asked, "any_form": anyform / asked, "placed": placed / asked,
             "bleu": scores["bleu"], "chrf": scores["chrf"], "seconds": statistics.median(times),
             "seconds_all": times, "searched_again": sum(s.constrained for r in results for s in r.sentences),
+            "substituted": sum(s.substituted for r in results for s in r.sentences),
             "translations": texts,
         }
     return rows
@@ -199,7 +205,7 @@ def main() -> None:
             for row, r in rows.items():
                 print(f"{args.split} {name} ({len(records)} sentences, {r['terms']} terms) beam {beam} {row:9s} exact "
                       f"{r['exact_form']:.3f} any {r['any_form']:.3f} placed {r['placed']:.3f} BLEU {r['bleu']:.2f} chrF "
-                      f"{r['chrf']:.2f} {r['seconds']:.2f}s again {r['searched_again']}", flush=True)
+                      f"{r['chrf']:.2f} {r['seconds']:.2f}s again {r['searched_again']} substituted {r['substituted']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.split}.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
 

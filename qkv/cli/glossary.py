@@ -56,11 +56,13 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
     """For ``translate_stream``: input lines -> output lines, translated with the glossary (and with
     --glossary-report, as JSON; with --confidence, annotated as without a glossary)."""
     from qkv.infer.terms import translate_with_glossary
+    from qkv.inspect.terms import alignment_substitution
 
+    mend = alignment_substitution(translator.model, translator.tokenizer)
     place = aligner(args, translator.model, translator.tokenizer) if getattr(args, "glossary_report", False) else None
 
     def write(lines: list[str]) -> list[str]:
-        results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always)
+        results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always, align=mend)
         texts = [" ".join(r.text.splitlines()) for r in results]
         if place is not None:
             place(results)

@@ -170,8 +170,10 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
     with encodings if encodings is not None else contextlib.nullcontext():
         if glossary is not None:
             from qkv.infer.terms import translate_with_glossary
+            from qkv.inspect.terms import alignment_substitution
 
-            results = translate_with_glossary(translator, unique, glossary, always=glossary_always) if unique else []
+            mend = alignment_substitution(getattr(translator, "model", None), translator.tokenizer)
+            results = translate_with_glossary(translator, unique, glossary, always=glossary_always, align=mend) if unique else []
             texts, sentences, outputs = [r.text for r in results], [r.sources for r in results], [r.outputs for r in results]
         else:
             lines = translator.translate_lines(unique) if unique else []

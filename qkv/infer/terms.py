@@ -1,20 +1,26 @@
-"""Translating with a glossary: search as usual, check every term, search again with constraints
-where a term is missing.
+"""Translating with a glossary: search as usual, check every term, put missing terms in where their
+source term aligns, search again with constraints where that cannot be done.
 
 For each sentence, the glossary's terms are found in the source (``Glossary.matches``); the sentence
 is translated by the translator as it would be without a glossary, and its translation checked: each
 term found in the source must stand in it (one of its forms, as often as the source has the term).
-Only a sentence that fails the check is searched again, by ``constrained_beam_search``, which places
+A sentence that fails the check is mended first, where the caller gives an ``align``er (a model
+trained with guided alignment: ``qkv.inspect.terms.alignment_substitution``): each missing term's
+asked-for form replaces the words of the translation its source words align to (``substitute``). Only
+a sentence that still fails the check is searched again, by ``constrained_beam_search``, which places
 every term; ``always=True`` searches every sentence with terms that way. Its output replaces the first
 translation only if it passes the same check; else the first is kept and the sentence is unplaceable. A sentence without terms is
 translated exactly as without the glossary. A term-aware model (trained with ``DataConfig.term_share``)
 reads each term's asked-for form written after its source term (``qkv.data.term_annotation``), in both
-searches. ``numbers=True`` adds every number the sentence writes in digits as a term whose form is the
-number itself (``qkv.infer.numbers``), checked, searched for and reported as the glossary's terms are.
+searches (and is not mended by alignment: its source has words the terms' indices do not count).
+``numbers=True`` adds every number the sentence writes in digits as a term whose form is the
+number itself (``qkv.infer.numbers``), checked, mended, searched for and reported as the glossary's terms are.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from qkv.data.sentences import AS_IS, Line, prepare_line
@@ -38,6 +44,11 @@ CONSTRAINED_BEAM = 10
 # exact-form set and 32.78 against 31.76 on the inflected one, in 0.7x and 0.9x the time, every term placed.
 CONSTRAINED_STOP_EARLY = True
 CONSTRAINED_BATCH = 32  # sentences searched together by the constrained search
+
+# (sources, translations) -> for each pair, its (source word, target word) links, 0-based over the
+# whitespace-separated words (``qkv.inspect.terms.alignment_substitution`` makes one from a model's alignment head).
+Aligner = Callable[[list[str], list[str]], list[list[tuple[int, int]]]]
+_EDGE = re.compile(r"^(\W*)(.*?)(\W*)$", re.DOTALL)  # a word's leading punctuation, core, trailing punctuation
 
 
 @dataclass
@@ -79,6 +90,7 @@ class SentenceTerms:
     # output still fails the check (``missing``): the first translation is kept (its missing terms
     # reported), not a worse one with some of them.
     unplaceable: bool = False
+    substituted: bool = False  # missing terms were put in where their source terms align (``substitute``)
 
 
 @dataclass
@@ -96,7 +108,7 @@ class GlossaryTranslation:
         terms = []
         for i, s in enumerate(self.sentences):
             for use in s.uses:
-                entry = use.as_dict() | {"constrained": s.constrained, "unplaceable": s.unplaceable}
+                entry = use.as_dict() | {"constrained": s.constrained, "substituted": s.substituted, "unplaceable": s.unplaceable}
                 terms.append(entry | {"sentence": i} if split else entry)
         return terms
 
@@ -149,6 +161,52 @@ def writable_forms(tokenizer, term: Term, joins: frozenset[int]) -> list[list[in
     return out
 
 
+def substitute(translation: str, misses: list[TermMatch], links: list[tuple[int, int]], keep: set[int] = frozenset()) -> str:
+    """``translation`` with each of ``misses`` (terms it lacks) written in place of the words its source
+    words align to (``links``: (source word, target word) pairs, 0-based over whitespace-separated
+    words), in the form whose ending is most like theirs (``_nearest_form``). A term is left as it was (for the constrained search) where its
+    source words align to no word, to words with others between them, to a word an earlier term took or
+    to one of ``keep`` (words that answer another term), or to punctuation alone. A word keeps its leading
+    and trailing punctuation; a number (``NumberTerm``) put in a word that holds digits replaces only
+    them ("für55" -> "für25", "3000." -> "3/4/2024."); a form that starts the sentence takes a capital
+    where the word it replaces had one."""
+    words = translation.split()
+    taken, edits = set(keep), []
+    for m in misses:
+        span = sorted({t for s, t in links if s in m.words and t < len(words)})
+        if not span or span[-1] - span[0] + 1 != len(span) or taken & set(span):
+            continue
+        taken |= set(span)
+        edits.append((span[0], span[-1], m.term))
+    for a, b, term in sorted(edits, key=lambda e: e[0], reverse=True):  # from the right: the left indices hold
+        text = " ".join(words[a : b + 1])
+        lead, core, trail = _EDGE.match(text).groups()
+        if not core:
+            continue
+        form = _nearest_form(term.forms, core)
+        digits = [k for k, c in enumerate(core) if c.isdigit()]
+        if isinstance(term, NumberTerm) and a == b and digits:
+            form = core[: digits[0]] + form + core[digits[-1] + 1 :]
+        elif a == 0 and form[:1].islower() and core[:1].isupper():
+            form = form[:1].upper() + form[1:]
+        words[a : b + 1] = [lead + form + trail]
+    return " ".join(words)
+
+
+def _nearest_form(forms: tuple[str, ...], replaced: str) -> str:
+    """The form whose ending is most like that of the words it replaces (the longest common suffix,
+    ignoring case; the asked-for form where none is longer): the inflection the model chose
+    ("Schwimmwesten" -> "Rettungswesten" where both forms are listed)."""
+    def shared(form: str) -> int:
+        n = 0
+        for x, y in zip(reversed(form.lower()), reversed(replaced.lower())):
+            if x != y:
+                break
+            n += 1
+        return n
+    return max(forms, key=lambda f: (shared(f), -forms.index(f)))
+
+
 def term_uses(glossary: Glossary, matches: list[TermMatch], sentence: str, translation: str) -> list[TermUse]:
     """Each match with the place that answers it in ``translation`` (``glossary.answers``: one place
     answers one match, so the k-th time a term stands in the source is answered by the k-th place one
@@ -180,12 +238,14 @@ def sentence_matches(glossary: Glossary, written: str, searched: str) -> list[Te
 
 
 def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary] | None = None, *,
-                            always: bool = False, numbers: bool = False) -> list[GlossaryTranslation]:
+                            always: bool = False, numbers: bool = False, align: Aligner | None = None) -> list[GlossaryTranslation]:
     """``texts`` translated by ``translator`` with every term of ``glossary`` its sources hold (module
     docstring); the unconstrained pass is the translator's own (its batches, workers and engine).
     ``glossary``: one for all texts, or a list of one per text. ``numbers``: also every number the
     sources write in digits, as a term asking for itself (``qkv.infer.numbers``: the rules; "number":
-    true in its ``terms()`` record); a glossary's term wins where it overlaps a number."""
+    true in its ``terms()`` record); a glossary's term wins where it overlaps a number. ``align``: links
+    the sentences' words with their translations' (``Aligner``); given, a translation that misses a term
+    is first mended by ``substitute`` (the module docstring), and searched again only if that fails."""
     tok, model = translator.tokenizer, translator.model
     if glossary is None and not numbers:
         raise ValueError("give a glossary, numbers=True, or both")
@@ -220,6 +280,18 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     # Searched again: a sentence with a term the model can write, if it misses one (or always).
     again = [i for i, (g, m, t) in enumerate(zip(owners, matches, tokens))
              if any(forms_of(x.term) for x in m) and (always or missing(g, m, tok.decode(t)))]
+    translations = [tok.decode(t) for t in tokens]
+    substituted = set()
+    if align is not None and not always and not getattr(model, "term_aware", False) and again:
+        for i, links in zip(again, align([sentences[i] for i in again], [translations[i] for i in again])):
+            hits = answers(owners[i], matches[i], translations[i])
+            keep = {w for h in hits if h is not None for w in word_indices(translations[i], h[1], h[2])}
+            misses = [m for m, h in zip(matches[i], hits) if h is None and forms_of(m.term)]
+            text = substitute(translations[i], misses, links, keep)
+            if text != translations[i] and not missing(owners[i], matches[i], text):
+                translations[i], tokens[i] = text, tok.encode_target(text)
+                substituted.add(i)
+        again = [i for i in again if i not in substituted]
     unplaceable = set()
     order = length_batches([len(src_ids[i]) for i in again], max_tokens=10**9, max_sentences=CONSTRAINED_BATCH)
     config = translator.config
@@ -239,16 +311,17 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
             # The check that sent the sentence here decides: a constrained output that places every term's
             # tokens but does not pass it (a number placed as "9" before ".5") is no better than the first.
             if all(best.met) and not missing(owners[i], matches[i], tok.decode(best.tokens)):
-                tokens[i] = best.tokens
+                tokens[i], translations[i] = best.tokens, tok.decode(best.tokens)
             else:
                 unplaceable.add(i)
     out = []
     for i, (sentence, glossary) in enumerate(zip(sentences, owners)):
-        translation = tok.decode(tokens[i])
+        translation = translations[i]
         uses = term_uses(glossary, matches[i], written[i], translation)  # each term as the line has it
         for use in uses:
             use.writable = bool(forms_of(use.term))
-        out.append(SentenceTerms(sentence, translation, uses, i in again and i not in unplaceable, tokens[i], i in unplaceable))
+        out.append(SentenceTerms(sentence, translation, uses, i in again and i not in unplaceable, tokens[i], i in unplaceable,
+                                 i in substituted))
     results, start = [], 0
     for line in lines:
         mine = out[start : start + len(line.sentences)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from qkv.data.text_tokenizer import TextTokenizer
-from qkv.infer.terms import GlossaryTranslation
+from qkv.infer.terms import Aligner, GlossaryTranslation
 from qkv.inspect.align import align
 from qkv.model.transformer import Transformer
 
@@ -33,6 +33,17 @@ def place(model: Transformer, tokenizer: TextTokenizer, results: list[GlossaryTr
                 continue
             use.aligned_to = tuple(sorted({s for s, t in links if t in use.target_words}))
             use.placed = bool(set(use.aligned_to) & set(use.source_words))
+
+
+def alignment_substitution(model, tokenizer: TextTokenizer) -> Aligner | None:
+    """The ``align`` that ``qkv.infer.terms.translate_with_glossary`` mends a translation with (a missing
+    term put in place of the words its source term aligns to): ``align``'s default reading of a model
+    trained with guided alignment (its alignment head, each source word linked with the target word that
+    attends to it most). None for any other model (an ensemble, a Marian import, a model without the
+    head, whose value-norm reading was not measured for this): its sentences that miss a term are searched again."""
+    if not isinstance(model, Transformer) or model.config.alignment_layer is None:
+        return None
+    return lambda sources, targets: align(model, tokenizer, sources, targets)
 
 
 def pseudo_terms(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,

@@ -72,6 +72,8 @@ class TermOut(BaseModel):
     placed: bool | None = Field(description="whether they include the term's own source words")
     number: bool = Field(False, description="whether the term is a number of the text (the request's numbers)")
     constrained: bool = Field(description="whether the constrained search made this translation (its first search missed a term)")
+    substituted: bool = Field(False, description="whether a missing term was written in place of the words its source term "
+                              "aligns to (a model with an alignment head), with no second search")
     unplaceable: bool = Field(description="whether the constrained search found no output with every term within its "
                               "length limit (the first translation is kept, its missing terms null)")
 

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from qkv.data.sentences import AS_IS, Line
 from qkv.infer.terms import CONSTRAINED_BEAM, constraint_forms, translate_with_glossary
-from qkv.inspect.terms import place
+from qkv.inspect.terms import alignment_substitution, place
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
@@ -424,7 +424,8 @@ class Batcher:
         if search.glossary is not None:  # its own group: the glossary's translation, then where each term went
             out = []
             for job in jobs:
-                results = translate_with_glossary(translator, job.texts, search.glossary)
+                results = translate_with_glossary(translator, job.texts, search.glossary,
+                                                  align=alignment_substitution(self.model, self.tokenizer))
                 place(self.model, self.tokenizer, results)
                 hyps = [[Hypothesis(r.sentences[0].tokens, math.nan, math.nan)] for r in results]
                 out.append(self._answer(job, hyps, config, terms=[r.terms() for r in results]))

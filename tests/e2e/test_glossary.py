@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from qkv.infer.constrained import constrained_beam_search
-from qkv.infer.glossary import Glossary
+from qkv.infer.glossary import Glossary, missing
 from qkv.infer.search import DecodeConfig
 from qkv.infer.terms import constraint_forms, translate_with_glossary, word_continuations
 from qkv.infer.translator import Translator, collate_sources
@@ -69,6 +69,42 @@ def test_a_glossary_changes_only_the_sentences_that_miss_a_term(trained):
     assert all(u.found for r in results for s in r.sentences for u in s.uses)
     again = translate_with_glossary(translator, SOURCES, Glossary.parse(ENTRIES), always=True)
     assert [r.text for r in again][1::2] == plain[1::2]
+
+
+def test_a_translation_that_misses_a_term_is_mended_where_its_source_term_aligns(trained):
+    """Given an aligner, a sentence whose translation misses a term gets the term's form in place of the
+    words its source words align to, and no second search; where the aligner links nothing, the
+    constrained search runs as without one."""
+    translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=4))
+    glossary = Glossary.parse(ENTRIES)
+    plain = translator.translate(SOURCES)
+    searched = translate_with_glossary(translator, SOURCES, glossary)
+
+    def diagonal(sources, targets):  # source word k of m with target word k (n - 1) // (m - 1) of n
+        links = []
+        for source, target in zip(sources, targets):
+            m, n = len(source.split()), len(target.split())
+            links.append([(k, k * (n - 1) // max(m - 1, 1)) for k in range(m)] if n else [])
+        return links
+
+    mended = translate_with_glossary(translator, SOURCES, glossary, align=diagonal)
+    assert [r.text for r in mended][1::2] == plain[1::2]  # no term: as without a glossary
+    substituted = [i for i, r in enumerate(mended) if r.sentences[0].substituted]
+    assert substituted, [r.as_dict() for r in mended]
+    for i in substituted:
+        sentence = mended[i].sentences[0]
+        assert not sentence.constrained and all(u.found for u in sentence.uses), mended[i].as_dict()
+        assert trained.tokenizer.decode(sentence.tokens) == sentence.translation
+        # Every word but the terms' is the plain translation's, in order: the terms went where their source terms align.
+        (links,) = diagonal([SOURCES[i]], [plain[i]])
+        misses = missing(glossary, glossary.matches(SOURCES[i]), plain[i])
+        replaced = {t for s, t in links if any(s in m.words for m in misses)}
+        written = {k for u in sentence.uses for k in u.target_words}
+        words, plain_words = sentence.translation.split(), plain[i].split()
+        assert [w for k, w in enumerate(words) if k not in written] == [w for k, w in enumerate(plain_words) if k not in replaced]
+    nothing = translate_with_glossary(translator, SOURCES, glossary, align=lambda sources, targets: [[] for _ in sources])
+    assert [r.as_dict() for r in nothing] == [r.as_dict() for r in searched]
+    assert not any(s.substituted for r in nothing for s in r.sentences)
 
 
 def test_translate_with_a_glossary_and_its_report(tiny_run, tmp_path):
@@ -205,3 +241,60 @@ def test_a_capitalised_term_in_a_title_case_line_and_two_terms_of_one_form_are_a
     man, guy = both.terms()
     assert (man["source"], guy["source"]) == ("man", "guy") and man["found"] == guy["found"] == "Mann", both.as_dict()
     assert man["target_words"] != guy["target_words"] and both.text.count("Mann") >= 2
+
+
+@pytest.fixture(scope="module")
+def guided_run(tmp_path_factory):
+    """The tiny preset trained 60 updates with guided alignment (an alignment head)."""
+    from qkv.cli.main import main
+    from tests.conftest import require_multi30k
+
+    multi30k = require_multi30k()
+
+    run = tmp_path_factory.mktemp("guided") / "run"
+    assert main(["train", "--preset", "tiny", "--data-dir", str(multi30k), "--out", str(run), "--no-progress", "--max-steps", "60",
+                 "--train", "alignment=0.5", "--data", "valid_limit=20"]) == 0
+    return run
+
+
+def test_qkv_translate_mends_by_the_alignment_head_where_the_model_has_one(guided_run, trained, tmp_path):
+    """A model with an alignment head mends a translation that misses a term (``"substituted": true``, no
+    constrained search); a model without one has no aligner and searches again."""
+    from qkv.inspect.terms import alignment_substitution
+
+    assert alignment_substitution(trained.model, trained.tokenizer) is None
+    assert alignment_substitution(checkpoint.load(guided_run / "final").model, trained.tokenizer) is not None
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("".join(e + "\n" for e in ENTRIES), encoding="utf-8")
+    # One single-word term a sentence: the 60-update head may link the words of several terms to one word
+    # of its short translations, which no substitution can share (those sentences are searched).
+    stdin = "A man is standing.\nA dog runs on the grass.\nChildren play with an umbrella.\n"
+    report = qkv("translate", "--checkpoint", guided_run, "--beam", "4", "--glossary", glossary, "--glossary-report",
+                 cwd=tmp_path, stdin=stdin)
+    assert report.returncode == 0, report.stderr
+    objects = [json.loads(line) for line in report.stdout.splitlines()]
+    mended = [o for o in objects if any(t["substituted"] for t in o["terms"])]
+    assert mended, objects
+    for o in mended:
+        assert all(t["found"] and not t["constrained"] and not t["unplaceable"] for t in o["terms"]), o
+    plain = qkv("translate", "--checkpoint", guided_run, "--beam", "4", "--glossary", glossary, cwd=tmp_path, stdin=stdin)
+    assert plain.stdout.splitlines() == [o["translation"] for o in objects]
+    # The server mends as `qkv translate` does, and says so.
+    import asyncio
+
+    app = create_app(guided_run)
+    lines = stdin.splitlines()
+    body = {"texts": lines, "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return await client.post("/v1/translate", json=body)
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 200, answer.text
+    # (Its translations are not the command's: the server's search has no loop guard by default.)
+    terms = answer.json()["terms"]
+    assert any(t["substituted"] for ts in terms for t in ts), terms
+    assert all(t["found"] and not t["constrained"] for ts in terms if any(t["substituted"] for t in ts) for t in ts), terms

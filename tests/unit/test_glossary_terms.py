@@ -8,6 +8,8 @@ import pytest
 from qkv.errors import QkvError
 from qkv.infer.constrained import _Beam, _advance, _allocate, _met_at_end
 from qkv.infer.glossary import Glossary, missing
+from qkv.infer.numbers import Numbers
+from qkv.infer.terms import _nearest_form, substitute
 
 
 def test_a_glossary_file_gives_entries_with_their_forms(tmp_path):
@@ -144,3 +146,45 @@ def test_a_place_two_terms_could_take_goes_to_the_one_that_has_no_other():
     assert [h and h[0] for h in answers(glossary, matches, translation)] == ["Kerl", "Mann"]
     assert missing(glossary, matches, translation) == []
     assert len(missing(glossary, matches, "Ein Mann und ein Hund")) == 1  # one "Mann" answers one of the two
+
+
+def _misses(glossary: Glossary, source: str, translation: str):
+    return missing(glossary, glossary.matches(source), translation)
+
+
+def test_a_missing_term_is_written_over_the_words_its_source_words_align_to():
+    glossary = Glossary.parse(["life jacket\tRettungsweste\tRettungswesten"])
+    source = "A man in a red life jacket sits in a boat."
+    translation = "Ein Mann in einer roten Schwimmweste sitzt in einem Boot."
+    links = [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 5), (7, 6), (8, 7), (9, 8), (10, 9)]
+    out = substitute(translation, _misses(glossary, source, translation), links)
+    assert out == "Ein Mann in einer roten Rettungsweste sitzt in einem Boot."
+    # The form whose ending is most like the replaced word's: the inflection the model chose.
+    vests = Glossary.parse(["vest\tWeste\tWesten"])
+    assert substitute("Zwei Männer in Jacken.", _misses(vests, "Two men in a vest.", ""), [(4, 3)]) == "Zwei Männer in Westen."
+    assert _nearest_form(("Rettungsweste", "Rettungswesten"), "Schwimmwesten") == "Rettungswesten"
+    assert _nearest_form(("Rettungsweste", "Rettungswesten"), "Boot") == "Rettungsweste"  # no ending shared: the asked form
+
+
+def test_substitution_keeps_punctuation_and_a_sentence_initial_capital_and_leaves_what_it_cannot_place():
+    glossary = Glossary.parse(["dog\thund", "cat\tKatze", "ball\tBall"])
+    source = "dog and cat and ball"
+    assert substitute("„Tier“ und Maus.", _misses(glossary, source, ""), [(0, 0), (2, 2)]) == "„Hund“ und Katze."
+    # Words between the aligned ones, a word another term answers, or no link at all: left for the search.
+    assert substitute("Tier und Maus", _misses(glossary, "cat", ""), [(0, 0), (0, 2)]) == "Tier und Maus"
+    misses = _misses(glossary, source, "Tier und Katze")
+    assert [m.term.source for m in misses] == ["dog", "ball"]
+    assert substitute("Tier und Katze", misses, [(0, 2), (4, 2)], keep={2}) == "Tier und Katze"
+    assert substitute("Tier und Katze", misses, [(2, 2)], keep={2}) == "Tier und Katze"
+    assert substitute("Tier - Katze", _misses(glossary, "dog", ""), [(0, 1)]) == "Tier - Katze"  # punctuation alone
+
+
+def test_a_number_replaces_only_the_digits_of_the_word_it_goes_to():
+    numbers = Numbers(None)
+    source = "A dog runs at 7:45 for $25."
+    misses = _misses(numbers, source, "")
+    assert [m.term.source for m in misses] == ["7:45", "25"]
+    out = substitute("Ein Hund rennt um 155 für55.", misses, [(4, 4), (6, 5)])
+    assert out == "Ein Hund rennt um 7:45 für25."
+    assert not missing(numbers, numbers.matches(source), out)
+    assert substitute("Ein Hund rennt um sieben.", misses[:1], [(4, 4)]) == "Ein Hund rennt um 7:45."
