@@ -178,6 +178,8 @@ def main() -> None:
     parser.add_argument("--split", default="val", choices=["val", "test_2016_flickr"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--beam", type=int, nargs="+", default=[5], help="constrained beams to compare (qkv.infer.terms.CONSTRAINED_BEAM)")
+    parser.add_argument("--mended-beam", type=int, default=None,
+                        help="beams for the sentences mending left (qkv.infer.terms.MENDED_BEAM; default: the module's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     import qkv.infer.terms as terms
@@ -190,11 +192,13 @@ def main() -> None:
     translator = Translator(loaded.model, loaded.tokenizer, config)
     report = {"checkpoint": str(checkpoint.resolve(args.checkpoint)), "split": args.split, "threads": torch.get_num_threads(),
               "decode": asdict(config), "command": "python -m benchmarks.glossary " + " ".join(sys.argv[1:]),
-              "dictionary_entries": len(dictionary), "sets": {}}
+              "dictionary_entries": len(dictionary), "mended_beam": args.mended_beam or terms.MENDED_BEAM, "sets": {}}
     for name, records in sets.items():
         report["sets"][name] = {"sentences": len(records), "by_beam": {}}
         for beam in args.beam:
             terms.CONSTRAINED_BEAM = beam
+            if args.mended_beam is not None:
+                terms.MENDED_BEAM = args.mended_beam
             rows = run_rows(translator, loaded.model, records, args.repeats)
             # A few sentences the glossary changed, for a reader; the rest are not kept (the file stays small).
             changed = [i for i, (a, b) in enumerate(zip(rows["none"]["translations"], rows["glossary"]["translations"])) if a != b]
