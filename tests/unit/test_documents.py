@@ -434,3 +434,23 @@ def test_options_a_document_would_ignore_are_refused():
     for flag, value in (("progress", True), ("n_best", 2), ("glossary_report", True)):
         with pytest.raises(QkvError, match="not with a document"):
             check_document_args(argparse.Namespace(**plain | {flag: value}))
+
+
+def test_a_td_outside_a_table_loses_its_tags_as_in_a_browser():
+    """docs/documents.md: a fragment is read as a page's body reads it."""
+    out = translated("<td>Hello</td> <b>world</b>", "html")
+    assert "<td" not in out and "</td>" not in out
+    assert "HELLO" in out and "<b>WORLD</b>" in out
+
+
+def test_a_dialogue_cue_comes_back_cut_at_the_space_nearest_its_middle_not_at_the_dash():
+    """docs/documents.md: a two-line cue comes back as two lines, cut at the space nearest its middle."""
+    srt = "1\n00:00:01,000 --> 00:00:03,000\n- Hi there.\n- Hello to you.\n"
+    out = translated(srt, "srt")
+    text = out.split("00:00:03,000\n", 1)[1].strip().splitlines()
+    joined = "- HI THERE. - HELLO TO YOU."
+    assert len(text) == 2 and " ".join(text) == joined, out
+    middle = len(joined) / 2
+    cut = len(text[0])  # the space between the lines stands at this index of the joined text
+    spaces = [i for i, c in enumerate(joined) if c == " "]
+    assert abs(cut - middle) == min(abs(i - middle) for i in spaces), out
