@@ -169,9 +169,10 @@ def writable_forms(tokenizer, term: Term, joins: frozenset[int]) -> list[list[in
 def substitute(translation: str, misses: list[TermMatch], links: list[tuple[int, int]], keep: set[int] = frozenset()) -> str:
     """``translation`` with each of ``misses`` (terms it lacks) written in place of the words its source
     words align to (``links``: (source word, target word) pairs, 0-based over whitespace-separated
-    words), in the form whose ending is most like theirs (``_nearest_form``). A term is left as it was (for the constrained search) where its
-    source words align to no word, to words with others between them, to a word an earlier term took or
-    to one of ``keep`` (words that answer another term), or to punctuation alone. A word keeps its leading
+    words), in the form whose ending is most like theirs (``_nearest_form``). A term is left as it was
+    (for the constrained search) where its source words align to no word, to words with others between
+    them, to a word an earlier term took or to one of ``keep`` (words that answer another term), or to
+    punctuation alone. A word keeps its leading
     and trailing punctuation; a number (``NumberTerm``) put in a word that holds digits replaces only
     them ("für55" -> "für25", "3000." -> "3/4/2024."); a form that starts the sentence takes a capital
     where the word it replaces had one."""
