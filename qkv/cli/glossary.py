@@ -76,12 +76,13 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
 
 
 def term_summary(results, *, glossary: bool = True, numbers: bool = False) -> str:
-    """``evaluate --glossary``'s line: terms asked for, found, placed, and sentences searched again
+    """``evaluate --glossary``'s line: terms asked for, found, placed, and sentences mended and searched again
     (with ``numbers``, a line for the numbers too, or instead where there is no ``glossary``)."""
     from qkv.infer.numbers import NumberTerm
 
     all_uses = [u for r in results for s in r.sentences for u in s.uses]
     again = sum(s.constrained for r in results for s in r.sentences)
+    mended = sum(s.substituted for r in results for s in r.sentences)
     lines = []
     for name, kind, wanted in (("glossary", "terms", glossary), ("numbers", "numbers", numbers)):
         if not wanted:
@@ -93,7 +94,7 @@ def term_summary(results, *, glossary: bool = True, numbers: bool = False) -> st
         share = (lambda n: f"{100 * n / len(uses):.1f}%") if uses else (lambda n: "-")
         lines.append(f"{name}: {len(uses)} {kind} asked for; {found} found ({share(found)}), {exact} in the form asked for "
                      f"({share(exact)}), {placed} placed where their source term aligns ({share(placed)}); "
-                     f"{again} sentences searched again with constraints")
+                     f"{mended} sentences mended by alignment, {again} searched again with constraints")
     return "\n".join(lines)
 
 
