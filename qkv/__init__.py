@@ -37,7 +37,7 @@ _LAZY = {  # name -> module, imported when the name is first used
     "load_checkpoint": "qkv.io.checkpoint",
     "build_configs": "qkv.train.recipes",
     "Glossary": "qkv.infer.glossary",
-    "translate_with_glossary": "qkv.infer.terms",
+    "translate_with_glossary": "qkv.inspect.terms",
     "assess": "qkv.inspect.trust",
     "translate_with_confidence": "qkv.inspect.trust",
     "TextOptions": "qkv.data.sentences",

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections import Counter
 
 from qkv.data.text_tokenizer import TextTokenizer
+from qkv.infer.glossary import Glossary
 from qkv.infer.terms import Aligner, GlossaryTranslation
+from qkv.infer.terms import translate_with_glossary as _translate_with_glossary
+from qkv.infer.translator import Translator
 from qkv.inspect.align import align
 from qkv.model.transformer import Transformer
 
@@ -44,6 +47,17 @@ def alignment_substitution(model, tokenizer: TextTokenizer) -> Aligner | None:
     if not isinstance(model, Transformer) or model.config.alignment_layer is None:
         return None
     return lambda sources, targets: align(model, tokenizer, sources, targets)
+
+
+def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary] | None = None, *,
+                            always: bool = False, numbers: bool = False, align: Aligner | None | str = "head") -> list[GlossaryTranslation]:
+    """``qkv.infer.terms.translate_with_glossary`` as ``qkv translate --glossary`` runs it (``qkv.translate_with_glossary``):
+    ``align="head"``, the default, mends a translation that misses a term by the translator's model's
+    alignment head where it has one (``alignment_substitution``); None searches every such sentence
+    again; or an ``Aligner`` of your own."""
+    if align == "head":
+        align = alignment_substitution(getattr(translator, "model", None), translator.tokenizer)
+    return _translate_with_glossary(translator, texts, glossary, always=always, numbers=numbers, align=align)
 
 
 def pseudo_terms(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,

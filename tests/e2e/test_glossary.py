@@ -303,3 +303,11 @@ def test_qkv_translate_mends_by_the_alignment_head_where_the_model_has_one(guide
     terms = answer.json()["terms"]
     assert any(t["substituted"] for ts in terms for t in ts), terms
     assert all(t["found"] and not t["constrained"] for ts in terms if any(t["substituted"] for t in ts) for t in ts), terms
+    # The library's entry mends as the command does.
+    import qkv as library
+
+    translator = library.Translator.from_checkpoint(guided_run)
+    results = library.translate_with_glossary(translator, lines, library.Glossary.parse(ENTRIES))
+    assert [[t["substituted"] for t in r.terms()] for r in results] == [[t["substituted"] for t in o["terms"]] for o in objects]
+    searched = library.translate_with_glossary(translator, lines, library.Glossary.parse(ENTRIES), align=None)
+    assert not any(t["substituted"] for r in searched for t in r.terms())
