@@ -214,11 +214,9 @@ def evaluate(args: argparse.Namespace) -> int:
             lines = translator.translate_lines(corpus.src)
             hypotheses, read = [line.text for line in lines], ([line.sentences for line in lines], [line.outputs for line in lines])
         else:
-            from qkv.infer.terms import translate_with_glossary
-            from qkv.inspect.terms import alignment_substitution
+            from qkv.inspect.terms import translate_with_glossary  # mends by the model's alignment head
 
-            results = translate_with_glossary(translator, corpus.src, glossary, always=args.glossary_always,
-                                              align=alignment_substitution(translator.model, translator.tokenizer))
+            results = translate_with_glossary(translator, corpus.src, glossary, always=args.glossary_always)
             hypotheses = [r.text for r in results]
             read = ([r.sources for r in results], [r.outputs for r in results])
     seconds = time.perf_counter() - started

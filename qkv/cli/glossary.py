@@ -55,10 +55,9 @@ def aligner(args: argparse.Namespace, model, tokenizer):
 def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=None):
     """For ``translate_stream``: input lines -> output lines, translated with the glossary (and with
     --glossary-report, as JSON; with --confidence, annotated as without a glossary)."""
-    from qkv.infer.terms import translate_with_glossary
-    from qkv.inspect.terms import alignment_substitution
+    from qkv.inspect.terms import alignment_substitution, translate_with_glossary
 
-    mend = alignment_substitution(translator.model, translator.tokenizer)
+    mend = alignment_substitution(translator.model, translator.tokenizer)  # once, for every batch of lines
     place = aligner(args, translator.model, translator.tokenizer) if getattr(args, "glossary_report", False) else None
 
     def write(lines: list[str]) -> list[str]:

@@ -169,11 +169,9 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
     encodings = Encodings(model, translator.tokenizer.pad_id) if getattr(translator, "model", None) is model else None
     with encodings if encodings is not None else contextlib.nullcontext():
         if glossary is not None:
-            from qkv.infer.terms import translate_with_glossary
-            from qkv.inspect.terms import alignment_substitution
+            from qkv.inspect.terms import translate_with_glossary  # mends by the model's alignment head
 
-            mend = alignment_substitution(getattr(translator, "model", None), translator.tokenizer)
-            results = translate_with_glossary(translator, unique, glossary, always=glossary_always, align=mend) if unique else []
+            results = translate_with_glossary(translator, unique, glossary, always=glossary_always) if unique else []
             texts, sentences, outputs = [r.text for r in results], [r.sources for r in results], [r.outputs for r in results]
         else:
             lines = translator.translate_lines(unique) if unique else []
