@@ -110,11 +110,11 @@ def synthetic(result: dict, model, tok, src: list[str], ref: list[str], calibrat
     by_kind = {k: [detectors(t) for t, (kind, _, _) in zip(trusts, report) if kind == k] for k in KINDS}
     result["synthetic"] = {"pairs_per_kind": len(by_kind["correct"]),
                            "detectors": table({k: v for k, v in by_kind.items() if k != "correct"}, by_kind["correct"])}
-    flag_of = {kind: flag for kind, (flag, _, _) in FLAG_OF.items()}
-    result["synthetic"]["flags"] = {
-        kind: {"flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == kind) / len(by_kind[kind]), 4),
-               "correct_flagged": round(sum(flag_of[kind] in t.flags for t, (k, _, _) in zip(trusts, report) if k == "correct") / len(by_kind["correct"]), 4)}
-        for kind in flag_of}
+    result["synthetic"]["flags"] = {  # each flag on the made-up kind it names, and on the references
+        flag: {"kind": kind,
+               "flagged": round(sum(flag in t.flags for t, (k, _, _) in zip(trusts, report) if k == kind) / len(by_kind[kind]), 4),
+               "correct_flagged": round(sum(flag in t.flags for t, (k, _, _) in zip(trusts, report) if k == "correct") / len(by_kind["correct"]), 4)}
+        for flag, (kind, _, _) in FLAG_OF.items()}
 
 
 

@@ -38,7 +38,8 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   whose label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
   reference), ``partly-detached`` (the reference's second half replaced by the second half of
   another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
-  itself) and ``omission`` (the reference's second half dropped). Each flag's threshold is the lowest
+  itself) and ``omission`` (the reference's second half dropped); ``repetition`` and ``recurrence`` both
+  name the looped kind. Each flag's threshold is the lowest
   cut that trips on at most ``MAX_FALSE_ALARMS`` of the model's own acceptable translations and at most
   ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either; a flag that
   catches less than ``MIN_CAUGHT`` of its kind there never flags (its false alarms would buy nothing).
@@ -76,10 +77,11 @@ MAX_FALSE_ALARMS = 0.01  # a flag trips on at most this share of the model's own
 MAX_FALSE_REFERENCES = 0.005  # and of the validation references (five flags: at most 2.5% of them in all)
 MIN_CAUGHT = 0.5  # a flag that catches less than this share of its made-up kind at that threshold never flags
 QUANTILES = 201  # the omission score's reference: this many quantiles of each of its two features
-# Which flag names which kind, and the single feature it thresholds (sign: +1 flags high values).
-FLAG_OF = {kind: (flag, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for kind, flag in (
-    ("detached", "detached"), ("partly-detached", "partly-detached"), ("oscillation", "repetition"), ("copy", "copy"),
-    ("omission", "omission"))}
+# Each flag: the made-up kind it names, and the single feature it thresholds (sign: +1 flags high values).
+# ``repetition`` (back to back) and ``recurrence`` (anywhere) both name the looped references.
+FLAG_OF = {flag: (kind, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for flag, kind in (
+    ("detached", "detached"), ("partly-detached", "partly-detached"), ("repetition", "oscillation"),
+    ("recurrence", "oscillation"), ("copy", "copy"), ("omission", "omission"))}
 
 
 def synthetic_pairs(sources: list[str], references: list[str], *, seed: int = 1) -> list[tuple[str, str, str]]:
@@ -302,12 +304,12 @@ def choose_combination(own: list[Trust], good: list[bool], made: list[Trust] = (
     return chosen, report | {"mean": mean.tolist(), "std": std.tolist()}
 
 
-def flag_threshold(kind: str, made: list[Trust], kinds: list[str], accepted: list[Trust], references: list[Trust]) -> float | None:
-    """The threshold of the flag that names ``kind`` (``flags_of``'s form; None: it never flags): the lowest
+def flag_threshold(flag: str, made: list[Trust], kinds: list[str], accepted: list[Trust], references: list[Trust]) -> float | None:
+    """The threshold of ``flag`` (``flags_of``'s form; None: it never flags) on the kind it names: the lowest
     cut that trips on at most ``MAX_FALSE_ALARMS`` of the ``accepted`` translations and
     ``MAX_FALSE_REFERENCES`` of the ``references``, and on more of its kind; None where that cut catches
     less than ``MIN_CAUGHT`` of its kind."""
-    flag, feature, sign = FLAG_OF[kind]
+    kind, feature, sign = FLAG_OF[flag]
     pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
     cut = max(_threshold(pos, [sign * t.features[feature] for t in negatives], share)
               for negatives, share in ((accepted, MAX_FALSE_ALARMS), (references, MAX_FALSE_REFERENCES)) if negatives)
@@ -332,7 +334,6 @@ def choose_capping(calibration: dict, own: list[Trust], good: list[bool], made: 
     references = [t for t, k in zip(made, kinds) if k == "correct"]
     kept, steps = [], []
     for flag in CAPPED:
-        kind = next(k for k, (f, _, _) in FLAG_OF.items() if f == flag)
         thresholds = calibration["thresholds"]
         if thresholds[flag] is None:
             steps.append({"flag": flag, "caps": False, "why": "it never flags"})
@@ -343,7 +344,7 @@ def choose_capping(calibration: dict, own: list[Trust], good: list[bool], made: 
         before, after = _guard(made, kinds, made_values), _guard(made, kinds, made_capped)
         held = []
         for others, part in fold_indices(len(own)):
-            refit = thresholds | {flag: flag_threshold(kind, made, kinds, [own[i] for i in others if good[i]], references)}
+            refit = thresholds | {flag: flag_threshold(flag, made, kinds, [own[i] for i in others if good[i]], references)}
             values, labels = [own_values[i] for i in part], [good[i] for i in part]
             held.append(ranks_acceptable(capped_by([own[i] for i in part], values, flag, refit), labels)
                         - ranks_acceptable(values, labels))
@@ -379,8 +380,8 @@ def fit(own: list[Trust], own_chrf: list[float], *, name: str, made: list[Trust]
         references = [t for t, k in zip(made, kinds) if k == "correct"]
         accepted = [t for t, g in zip(own, good) if g]
         out["false_alarms"] = {}
-        for kind, (flag, _, _) in FLAG_OF.items():
-            out["thresholds"][flag] = flag_threshold(kind, made, kinds, accepted, references)
+        for flag, (kind, _, _) in FLAG_OF.items():
+            out["thresholds"][flag] = flag_threshold(flag, made, kinds, accepted, references)
             trips = lambda ts: sum(flag in flags_of(t.features, out["thresholds"]) for t in ts) / max(1, len(ts))  # noqa: E731
             out["false_alarms"][flag] = {"own_acceptable": trips(accepted), "references": trips(references),
                                          "caught": trips([t for t, k in zip(made, kinds) if k == kind])}

@@ -3,6 +3,8 @@ beside the model's internals.
 
 - ``max_repeats``: the most times one n-gram of words occurs back to back;
 - ``char_repeats``: the most times one run of characters does, less two (a loop inside a word);
+- ``recurrence``: how many more times one phrase of three words recurs anywhere in the translation than
+  any does in its source (an oscillation that wanders between its repeats);
 - ``copy_score`` / ``copy_scores``: chrF of a translation against its own source;
 - ``spearman``: Spearman's rank correlation (ties at mean ranks).
 """
@@ -10,8 +12,13 @@ beside the model's internals.
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 
 from qkv.infer.bleu import sentence_chrf
+
+RECURRENCE_N = 3  # ``recurrence`` counts phrases of this many words
+_WORD = re.compile(r"\w+")
 
 
 def max_repeats(words: list[str], max_n: int = 4) -> int:
@@ -41,6 +48,22 @@ def char_repeats(text: str, max_n: int = 5) -> int:
             run = run + 1 if a == b else 0
             best = max(best, 1 + run // n)
     return max(1, best - 2) if text else 0
+
+
+def top_ngram_count(text: str, n: int = RECURRENCE_N) -> int:
+    """The most times one n-gram of words (letters and digits; case ignored) occurs anywhere in ``text``."""
+    words = _WORD.findall(text.lower())
+    counts = Counter(zip(*(words[k:] for k in range(n))))
+    return max(counts.values(), default=0)
+
+
+def recurrence(source: str, translation: str, n: int = RECURRENCE_N) -> int:
+    """How many more times the translation's most frequent n-gram of words occurs than its source's does
+    (than once, for a source without a repeat or shorter than n words), 0 at least: the top n-gram count of Raunak et al. (2021) and Guerreiro et al. (2023), a detector of
+    oscillatory hallucinations, whose repeats need not be back to back ("... mit einem schwarzen T-Shirt
+    und ... mit einem schwarzen T-Shirt ..."). A source that repeats a phrase allows its translation as
+    many. Linear in the words."""
+    return max(0, top_ngram_count(translation, n) - max(1, top_ngram_count(source, n)))
 
 
 def copy_score(source: str, translation: str) -> float:

@@ -12,6 +12,9 @@ those and the two texts, per sentence (``FEATURES``):
   some target token, its share of that token's source part is at least ``USED`` of the uniform share;
 - ``repeats``: the most consecutive repeats of one n-gram of words (n = 1 to 4) in the translation,
   or of a run of one to five characters, less two (``char_repeats``: a loop inside a word);
+- ``recurrence``: how many more times one phrase of three words recurs anywhere in the translation
+  than any does in its source (``qkv.inspect.text_signals.recurrence``: an oscillation whose repeats
+  are not back to back);
 - ``copy``: character F-score (chrF) of the translation against its own source, in [0, 1];
 - ``length_ratio``: the absolute log of (translation words + 1) / (source words + 1): too long and too
   short alike;
@@ -20,7 +23,8 @@ those and the two texts, per sentence (``FEATURES``):
   references (the calibration's ``length``; without one a = 0, b = 1): an omission signal;
 - ``attention_entropy``: the last layer's cross-attention entropy over log S;
 - ``loops``: ``repeats`` beyond ``LOOP_FREE`` (0 for fewer);
-- ``eos_logprob``: the end of sentence's log-probability where the translation ends;
+- ``eos_logprob``: the log-probability of ending where the translation ends: of the end of sentence,
+  or of a sentence-final punctuation mark there (a translation without its full stop is not cut short);
 - ``uncovered``: how much of the source the alignment head leaves uncovered (``uncovered``; a model
   without a head: its last layer's cross-attention), and ``omission``, the omission score (``omission_score``).
 
@@ -38,6 +42,7 @@ thresholds on single features (``FLAG_FEATURE``); the confidence stays non-decre
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from bisect import bisect_left, bisect_right
@@ -51,13 +56,16 @@ from qkv.data.corpus import collate
 from qkv.errors import QkvError
 from qkv.io.manifest import CONFIDENCE
 from qkv.inspect.contributions import contributions
-from qkv.inspect.text_signals import char_repeats, copy_score, copy_scores, max_repeats, spearman  # noqa: F401 (the API's names)
+from qkv.inspect.text_signals import (  # noqa: F401 (the API's names)
+    char_repeats, copy_score, copy_scores, max_repeats, recurrence, spearman,
+)
 from qkv.inspect.visualize import group_words
 from qkv.model.transformer import Transformer
 
 FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
-            "length_ratio", "shortness", "attention_entropy", "loops", "eos_logprob", "uncovered", "omission")
-FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")
+            "length_ratio", "shortness", "attention_entropy", "loops", "eos_logprob", "uncovered", "omission", "recurrence")
+FLAGS = ("detached", "partly-detached", "repetition", "recurrence", "copy", "omission")
+OLDER_FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")  # a calibration before ``recurrence``
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
 LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
@@ -73,7 +81,8 @@ CAPPED = ("repetition", "detached", "copy")  # the flags that may cap (a calibra
 # translation whose chrF against its own source is 0.9 or more.
 LOGPROB_ONLY: dict = {
     "version": 2, "kind": "logprob", "features": [], "mean": [], "std": [], "weights": [], "bias": 0.0,
-    "thresholds": {"detached": None, "partly-detached": None, "repetition": 4.0, "copy": 0.9, "omission": None},
+    "thresholds": {"detached": None, "partly-detached": None, "repetition": 4.0, "recurrence": None, "copy": 0.9,
+                   "omission": None},
     "fitted_on": "nothing: no confidence.json of its own (the confidence is exp(logprob_mean); run qkv calibrate)",
 }
 LOGPROB_NOTICE = ("note: {path}'s calibration (confidence.json) is log-probability only (its validation translations "
@@ -117,6 +126,7 @@ def load_calibration(path: str | Path | None) -> dict:
     check_calibration(data, str(path))
     if data.get("version", 2) < 3:  # its omission threshold was on ``unused``, not on the omission score
         data["thresholds"]["omission"] = None
+    data["thresholds"].setdefault("recurrence", None)  # fitted before the flag was: it never flags
     return data
 
 
@@ -145,7 +155,7 @@ def check_calibration(data: object, name: str) -> None:
               and all(isinstance(data.get(k), list) and len(data[k]) == len(features) and all(map(finite, data[k]))
                       for k in ("mean", "std", "weights"))
               and all(x > 0 for x in data["std"]) and finite(data.get("bias"))
-              and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) == set(FLAGS)
+              and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) in (set(FLAGS), set(OLDER_FLAGS))
               and all(v is None or finite(v) for v in data["thresholds"].values())
               and (data.get("capping") is None or isinstance(data["capping"], list) and set(data["capping"]) <= set(CAPPED))
               and (data.get("length") is None or isinstance(data["length"], list) and len(data["length"]) == 2
@@ -227,9 +237,11 @@ def expected_length(source_words: int, length: list[float] | None) -> float:
 
 # Each flag's feature, and whether it flags below (True) or at and above (False) its threshold.
 FLAG_FEATURE = {"detached": ("source_mean", True), "partly-detached": ("source_min", True),
-                "repetition": ("repeats", False), "copy": ("copy", False), "omission": ("omission", False)}
+                "repetition": ("repeats", False), "recurrence": ("recurrence", False), "copy": ("copy", False),
+                "omission": ("omission", False)}
 _SAYS = {"source_mean": "the source's mean share of the predictions", "source_min": "the source's share over its weakest three tokens",
-         "repeats": "an n-gram's repeats in a row, less two", "copy": "the translation's chrF against its own source",
+         "repeats": "an n-gram's repeats in a row, less two",
+         "recurrence": "how many more times a three-word phrase recurs than in the source", "copy": "the translation's chrF against its own source",
          "unused": "the fraction of source words no target word used",
          "omission": "the omission score (the source the alignment leaves uncovered, and how unlikely ending there was)"}
 
@@ -240,7 +252,7 @@ def flags_of(features: dict[str, float], thresholds: dict[str, float | None]) ->
     partly detached."""
     def crosses(flag: str) -> bool:
         feature, below = FLAG_FEATURE[flag]
-        limit = thresholds[flag]
+        limit = thresholds.get(flag)  # a calibration fitted before a flag was has none for it
         return limit is not None and (features[feature] < limit if below else features[feature] >= limit)
 
     flags = [flag for flag in FLAGS if crosses(flag)]
@@ -322,11 +334,12 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "source_mean": computed["source_mean"], "source_min": computed["source_min"],
         "unused": len(unused) / max(1, len(src_words)),
         "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy,
+        "recurrence": float(recurrence(source, translation)),
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
         # the mean entropy of the last layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": computed["attention_entropy"],
-        "eos_logprob": log_probs[-1],
+        "eos_logprob": computed.get("ending", log_probs[-1]),
         "uncovered": uncovered(coverage, content),
     }
     words = []
@@ -347,6 +360,16 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
 
 
 SHARE_FEATURES = ("source_mean", "source_min", "unused")  # the features that need ALTI+'s source shares
+FINAL_PUNCTUATION = (".", "!", "?", "…", "。", "！", "？")
+
+
+@functools.lru_cache(maxsize=8)
+def ending_ids(tokenizer) -> list[int]:
+    """The ids a translation may end with (``eos_logprob``): the end of sentence and every piece that is a
+    sentence-final punctuation mark alone (SentencePiece's word marker ignored)."""
+    pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+    return [tokenizer.eos_id] + [i for i, piece in enumerate(pieces)
+                                 if piece.lstrip("\u2581 ") in FINAL_PUNCTUATION and i != tokenizer.eos_id]
 
 
 def needs_shares(calibration: dict) -> bool:
@@ -408,6 +431,8 @@ def assess(
         logits = model.generator(hidden[real]).float()  # (N, V)
         log_probs = hidden.new_zeros(real.shape, dtype=torch.float32)  # (B, T)
         log_probs[real] = logits.gather(-1, tgt_out[real][:, None])[:, 0] - logits.logsumexp(-1)  # log-softmax at the target
+        at_end = logits[tgt_out[real] == tokenizer.eos_id]  # (B, V): each pair's last position, where EOS is its target
+        ending = (at_end[:, ending_ids(tokenizer)].logsumexp(-1) - at_end.logsumexp(-1)).clamp(min=LOGPROB_FLOOR).tolist()
         copies = copy_scores([sources[i] for i in batch], [translations[i] for i in batch])
         log_probs = log_probs.clamp(min=LOGPROB_FLOOR)
         S = src.size(1)
@@ -417,6 +442,8 @@ def assess(
         n_src = torch.tensor([len(src_ids[i]) + 1 for i in batch])  # with EOS
         n_tgt = torch.tensor([len(tgt_ids[i]) + 1 for i in batch])
         computed = batch_features(log_probs, share, cross, n_tgt.to(share.device), n_src.to(share.device))
+        for features, end in zip(computed, ending, strict=True):
+            features["ending"] = end
         rows_of, lps, shares = source_part.cpu().numpy(), log_probs.tolist(), share.tolist()
         for b, i in enumerate(batch):
             s, t = int(n_src[b]), int(n_tgt[b])

@@ -22,7 +22,8 @@ from qkv.inspect.calibrate import (
 )
 from qkv.inspect.trust import (
     CAP_FACTOR, CONFIDENCE, FEATURES, FLAG_CAP, FLAGS, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
-    check_calibration, confidence_of, flags_of, load_calibration, max_repeats, omission_score, uncovered, why_flagged,
+    OLDER_FLAGS, check_calibration, confidence_of, ending_ids, flags_of, load_calibration, max_repeats, omission_score,
+    recurrence, uncovered, why_flagged,
 )
 from qkv.io import checkpoint
 
@@ -155,15 +156,23 @@ def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and
     for t in own:  # loops of 2 on a few translations, the model's own acceptable ones among them
         t.features["repeats"] = 2.0 if rng.random() < 0.05 else 1.0
         t.features["copy"] = rng.uniform(0.0, 0.3)
+        draw = rng.random()  # a phrase twice in about 3% of them, thrice in about 0.3%
+        t.features["recurrence"] = 2.0 if draw < 0.003 else 1.0 if draw < 0.035 else 0.0
     made, kinds = _made(0.6, n=400)
     for t, kind in zip(made, kinds):
         t.features["repeats"] = 5.0 if kind == "oscillation" else 1.0
         t.features["copy"] = 0.95 if kind == "copy" else rng.uniform(0.0, 0.3)
+        t.features["recurrence"] = rng.choice([2.0, 3.0]) if kind == "oscillation" else 0.0
     calibration = fit(own, chrf, name="flags", made=made, kinds=kinds)
     alarms = calibration["false_alarms"]
     for flag in FLAGS:
         assert alarms[flag]["own_acceptable"] <= MAX_FALSE_ALARMS and alarms[flag]["references"] <= MAX_FALSE_REFERENCES
     assert calibration["thresholds"]["repetition"] == 5.0  # 2 repeats trips 5% of the acceptable ones: not a flag
+    # the lowest cut within 1% of the acceptable ones: 1 trips more of them, 2 few enough
+    accepted = [t for t, c in zip(own, chrf) if c >= 50]
+    at = lambda cut: sum(t.features["recurrence"] >= cut for t in accepted) / len(accepted)  # noqa: E731
+    assert at(1) > MAX_FALSE_ALARMS >= at(2) > 0
+    assert calibration["thresholds"]["recurrence"] == 2.0 and alarms["recurrence"]["caught"] == 1.0
     assert alarms["repetition"]["caught"] == 1.0 and alarms["copy"]["caught"] == 1.0
     # detached made-up pairs read like the references (source_mean drawn alike): no cut catches half: never flags
     assert calibration["thresholds"]["detached"] is None and alarms["detached"]["caught"] == 0.0
@@ -291,6 +300,50 @@ def test_each_reason_names_its_feature_its_value_and_the_threshold_crossed():
     why = why_flagged(flags, features, thresholds)
     assert why["detached"].endswith("(source_mean) is 0.100, below 0.200")
     assert why["repetition"].endswith("(repeats) is 3.000, at or above 2.000")
+
+
+def test_a_phrase_that_recurs_apart_is_counted_beyond_the_sources_own_repeats():
+    wandering = ("Ein Mann mit einem schwarzen T-Shirt und eine Frau mit einem schwarzen T-Shirt spielen, "
+                 "während ein Kind mit einem schwarzen T-Shirt singt.")
+    assert max_repeats(wandering.split()) == 1  # never back to back: the repetition flag cannot see it
+    assert recurrence("A man and a woman play while a child sings.", wandering) == 2  # "mit einem schwarzen" thrice
+    # a source that repeats a phrase allows the translation as many
+    assert recurrence("a dog and a dog and a dog", "ein Hund und ein Hund und ein Hund") == 0
+    assert recurrence("Hi", "") == 0 and recurrence("", "a b c a b c") == 1
+    started = time.monotonic()
+    assert recurrence("x", "ein roter Ball " * 20_000) == 19_999  # linear in the words
+    assert time.monotonic() - started < 10
+
+
+def test_an_older_calibration_without_the_recurrence_flag_loads_and_never_raises_it(tmp_path):
+    older = fit(*_own(300), name="normal")
+    older["thresholds"] = {k: v for k, v in older["thresholds"].items() if k in OLDER_FLAGS}
+    path = tmp_path / "confidence.json"
+    path.write_text(json.dumps(older))
+    loaded = load_calibration(path)
+    assert loaded["thresholds"]["recurrence"] is None
+    assert "recurrence" not in flags_of({f: 0.0 for f in FEATURES} | {"recurrence": 50.0}, loaded["thresholds"])
+    assert "recurrence" in flags_of({f: 0.0 for f in FEATURES} | {"recurrence": 2.0}, loaded["thresholds"] | {"recurrence": 2.0})
+
+
+def test_ending_where_the_translation_ends_counts_its_full_stop(random_checkpoint):
+    """eos_logprob is the log-probability of the end of sentence or of a sentence-final punctuation mark
+    where the translation ends (so a translation without its full stop is not read as cut short)."""
+    import torch
+
+    loaded = qkv.load_checkpoint(random_checkpoint)
+    model, tok = loaded.model, loaded.tokenizer
+    ids = ending_ids(tok)
+    assert ids[0] == tok.eos_id and all(p.lstrip("\u2581") in ".!?…。！？" for p in tok.pieces(ids[1:]))
+    source, translation = "A dog runs.", "Ein Hund rennt"
+    (trust,) = assess(model, tok, [source], [translation], calibration=LOGPROB_ONLY)
+    src = torch.tensor([tok.encode(source) + [tok.eos_id]])
+    tgt_in = torch.tensor([[tok.bos_id] + tok.encode_target(translation)])
+    with torch.inference_mode():
+        last = model(src, tgt_in)[0, -1].float().log_softmax(-1)  # (V,): after the last word
+    assert trust.features["eos_logprob"] == pytest.approx(float(last[ids].logsumexp(-1)), abs=1e-4)
+    if len(ids) > 1:  # at least the end of sentence's own log-probability, more by the marks'
+        assert trust.features["eos_logprob"] > float(last[tok.eos_id])
 
 
 def test_the_light_pass_gives_the_full_passs_confidence_flags_and_features(random_checkpoint):
