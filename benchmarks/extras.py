@@ -1,0 +1,93 @@
+"""What each extra costs against plain translation, per model: the table and picture of docs/benchmarks.md (f).
+
+    python -m benchmarks.extras --model "README's model" benchmarks/results/glossary-substitution \\
+        benchmarks/results/numbers/cost.json benchmarks/results/trust/cost.json \\
+        --model "6-1 student" benchmarks/results/glossary-student-6-1 \\
+        benchmarks/results/numbers/cost-student-6-1.json benchmarks/results/trust/cost-student-6-1.json \\
+        --out benchmarks/results/extras
+
+Reads what the three benchmarks wrote (nothing is timed here): ``benchmarks.glossary``'s ``val.json`` in
+each glossary directory (the mended ``--glossary`` row and the search-alone row, each against the same
+run's plain row; the exact-form and inflected sets), ``benchmarks.number_lines time``'s JSON and
+``benchmarks.trust_cost``'s. Writes ``extras.md`` (a row a model and extra: the ratio, and the run it
+came from) and ``extras.png`` (the ratios as bars, one group an extra, one bar a model; 1 is plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _glossary_rows(directory: Path) -> list[tuple[str, float, str]]:
+    data = json.loads((directory / "val.json").read_text(encoding="utf-8"))
+    rows = []
+    for name, found in data["sets"].items():
+        cells = next(iter(found["by_beam"].values()))
+        plain = cells["none"]["seconds"]
+        rows.append((f"--glossary, val {name} set ({found['sentences']} sent.)", cells["glossary"]["seconds"] / plain,
+                     f"{cells['glossary']['any_form']:.1%} of terms used"))
+        rows.append((f"--glossary by search alone, val {name} set", cells["search"]["seconds"] / plain,
+                     f"{cells['search']['any_form']:.1%} of terms used"))
+    return rows
+
+
+def _numbers_rows(path: Path) -> list[tuple[str, float, str]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = data["rows"]
+    return [(f"--numbers ({data['lines']} val lines)", rows["numbers"]["ratio"],
+             f"{rows['numbers']['hold_every_number']} of {data['lines']} hold every number"),
+            ("--numbers by search alone", rows["numbers, search alone"]["ratio"],
+             f"{rows['numbers, search alone']['hold_every_number']} of {data['lines']}")]
+
+
+def _confidence_rows(path: Path) -> list[tuple[str, float, str]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    spread = f"{min(data['ratio_per_repeat']):.2f}-{max(data['ratio_per_repeat']):.2f}x over {len(data['ratio_per_repeat'])} repeats"
+    return [(f"--confidence ({data['lines']} test lines, whole commands)", data["ratio_median"], spread)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", nargs=4, action="append", required=True,
+                        metavar=("NAME", "GLOSSARY_DIR", "NUMBERS_JSON", "CONFIDENCE_JSON"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    table = {name: _glossary_rows(Path(g)) + _numbers_rows(Path(n)) + _confidence_rows(Path(c))
+             for name, g, n, c in args.model}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["| model | extra | time against plain | what it gave |", "|---|---|---:|---|"]
+    lines += [f"| {model} | `{extra.split(' (')[0]}`{' (' + extra.split(' (', 1)[1] if ' (' in extra else ''} | {ratio:.2f}x | {note} |"
+              for model, rows in table.items() for extra, ratio, note in rows]
+    (out / "extras.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "extras.json").write_text(json.dumps({m: [{"extra": e, "ratio": round(r, 3), "note": n} for e, r, n in rows]
+                                                 for m, rows in table.items()}, indent=1) + "\n", encoding="utf-8")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    extras = [e for e, _, _ in next(iter(table.values()))]
+    width = 0.8 / len(table)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for k, (model, rows) in enumerate(table.items()):
+        ratios = dict((e, r) for e, r, _ in rows)
+        xs = [i + k * width for i in range(len(extras))]
+        bars = ax.bar(xs, [ratios.get(e, 0.0) for e in extras], width, label=model)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(table) - 1) / 2 for i in range(len(extras))])
+    ax.set_xticklabels([e.split(" (")[0].replace(", val ", "\nval ").replace(" by ", "\nby ") for e in extras], fontsize=7)
+    ax.set_ylabel("time against plain translation (1 = plain)")
+    ax.set_title("What each extra costs (qkv's engine, beam 5, 2 threads, median of 3)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "extras.png", dpi=120)
+    print((out / "extras.md").read_text(encoding="utf-8"))
+
+
+if __name__ == "__main__":
+    main()
