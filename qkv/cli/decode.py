@@ -87,6 +87,7 @@ def translate(args: argparse.Namespace) -> int:
         return translate_document_command(args, document, model, tokenizer, glossary, inputs, reads)
     translator = translator_of(args, model, tokenizer, decode_config(args, args.n_best), max_tokens=args.batch_tokens,
                                workers=args.workers, shortlist=decoding_shortlist(args, model), text=text_options(args))
+    annotate = annotator(args, model, tokenizer) if args.confidence else None
     with contextlib.ExitStack() as stack:
         if args.input:
             source, name = stack.enter_context(open(args.input, "rb")), args.input
@@ -101,7 +102,6 @@ def translate(args: argparse.Namespace) -> int:
         # The output file appears, whole, when the last line is translated.
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
-        annotate = annotator(args, model, tokenizer, translator, stack) if args.confidence else None
         advance = stack.enter_context(line_progress(args))
         write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
         interactive = getattr(source, "isatty", lambda: False)()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 
@@ -48,26 +47,16 @@ def say_uncalibrated(directory, calibration: dict) -> None:
         print((UNCALIBRATED_NOTICE if calibration is LOGPROB_ONLY else LOGPROB_NOTICE).format(path=directory), file=sys.stderr)
 
 
-def annotator(args: argparse.Namespace, model, tokenizer, translator=None, stack: contextlib.ExitStack | None = None):
+def annotator(args: argparse.Namespace, model, tokenizer):
     """For ``translate_stream``: per input line, the sentences the model read and its translations of
-    them, and the line written -> output lines with the confidence of what was translated. Where the
-    ``translator`` searches with the very model the trust pass reads (in this process), the light pass
-    reads the encoder outputs its search computed (``qkv.infer.encodings.Encodings``, its hooks held
-    by ``stack``) instead of encoding each chunk's sentences again."""
-    from qkv.infer.encodings import Encodings
+    them, and the line written -> output lines with the confidence of what was translated."""
     from qkv.inspect.trust import assess_lines
 
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
-    encodings = None
-    if stack is not None and getattr(translator, "model", None) is model:
-        encodings = stack.enter_context(Encodings(model, tokenizer.pad_id))
 
     def annotate(sources: list[list[str]], translations: list[list[str]], texts: list[str]) -> list[str]:
         # the tab-separated columns print no word: the light pass where the calibration allows (assess)
-        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration, words=args.confidence == "json",
-                              encode=encodings.encode if encodings is not None else None)
-        if encodings is not None:
-            encodings.clear()  # this chunk's; the next chunk's search keeps its own
+        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration, words=args.confidence == "json")
         return [format_line(text, trust, args.confidence) for text, trust in zip(texts, trusts)]
 
     return annotate

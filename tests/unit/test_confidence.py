@@ -369,34 +369,6 @@ def test_the_light_pass_gives_the_full_passs_confidence_flags_and_features(rando
     assert "source_mean" in needed.features  # the detached flag reads a source share: the full pass
 
 
-def test_the_light_pass_reads_the_searchs_own_encoder_outputs_and_judges_alike(random_checkpoint):
-    """qkv translate --confidence: the trust pass reads the encoder outputs its search computed
-    (qkv.infer.encodings.Encodings) instead of encoding the chunk again, with the same verdicts."""
-    from qkv.infer.encodings import Encodings
-    from qkv.infer.translator import Translator
-    from qkv.model.transformer import Transformer
-
-    loaded = qkv.load_checkpoint(random_checkpoint)
-    model, tok = loaded.model, loaded.tokenizer
-    translator = Translator(model, tok, text=TextOptions(split="en", recase=True))
-    own = [_trust(logprob_mean=-1.0 - i / 50, uncovered=i / 100, eos_logprob=-i / 20) for i in range(60)]
-    calibration = fit(own, [100.0 - i for i in range(60)], name="light")
-    with Encodings(model, tok.pad_id) as encodings:
-        lines = translator.translate_lines(["A man rides a bike.", "Two dogs play in the snow. A cat sleeps."])
-    sources, outputs = [line.sentences for line in lines], [line.outputs for line in lines]
-    called = []
-    model.encode = lambda src, **kw: called.append(src) or Transformer.encode(model, src, **kw)  # counts fresh encodes
-    kept = assess_lines(model, tok, sources, outputs, calibration=calibration, words=False, encode=encodings.encode)
-    assert called == []  # every sentence's memory was the search's
-    fresh = assess_lines(model, tok, sources, outputs, calibration=calibration, words=False)
-    assert called
-    for a, b in zip(kept, fresh):
-        assert a.flags == b.flags and a.confidence == pytest.approx(b.confidence, abs=1e-5)
-        assert all(a.features[k] == pytest.approx(b.features[k], abs=1e-4) for k in a.features)
-    encodings.clear()
-    assert not encodings.kept
-
-
 def test_an_older_calibrations_omission_flag_no_longer_fires(tmp_path):
     """A version 2 confidence.json thresholded omission on ``unused``; the feature of that name is now the
     omission score, so the old threshold is dropped when the file is read (docs/trust.md)."""
