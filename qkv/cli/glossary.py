@@ -55,13 +55,12 @@ def aligner(args: argparse.Namespace, model, tokenizer):
 def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=None):
     """For ``translate_stream``: input lines -> output lines, translated with the glossary (and with
     --glossary-report, as JSON; with --confidence, annotated as without a glossary)."""
-    from qkv.inspect.terms import alignment_substitution, translate_with_glossary
+    from qkv.inspect.terms import translate_with_glossary  # mends by the model's alignment head
 
-    mend = alignment_substitution(translator.model, translator.tokenizer)  # once, for every batch of lines
     place = aligner(args, translator.model, translator.tokenizer) if getattr(args, "glossary_report", False) else None
 
     def write(lines: list[str]) -> list[str]:
-        results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always, align=mend)
+        results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always)
         texts = [" ".join(r.text.splitlines()) for r in results]
         if place is not None:
             place(results)

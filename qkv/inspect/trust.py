@@ -339,7 +339,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
         # the mean entropy of the last layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": computed["attention_entropy"],
-        "eos_logprob": computed.get("ending", log_probs[-1]),
+        "eos_logprob": computed["ending"],
         "uncovered": uncovered(coverage, content),
     }
     words = []
