@@ -20,32 +20,33 @@ import json
 from pathlib import Path
 
 
-def _glossary_rows(directory: Path) -> list[tuple[str, float, str]]:
+Row = tuple[str, str, float, str]  # (extra, the lines it ran on, time against plain, what it gave)
+
+
+def _glossary_rows(directory: Path) -> list[Row]:
     data = json.loads((directory / "val.json").read_text(encoding="utf-8"))
     rows = []
     for name, found in data["sets"].items():
         cells = next(iter(found["by_beam"].values()))
         plain = cells["none"]["seconds"]
-        rows.append((f"--glossary, val {name} set ({found['sentences']} sent.)", cells["glossary"]["seconds"] / plain,
-                     f"{cells['glossary']['any_form']:.1%} of terms used"))
-        rows.append((f"--glossary by search alone, val {name} set", cells["search"]["seconds"] / plain,
-                     f"{cells['search']['any_form']:.1%} of terms used"))
+        for row, extra in (("glossary", "--glossary"), ("search", "--glossary by search alone")):
+            rows.append((extra, f"val {name} set ({found['sentences']} sentences)", cells[row]["seconds"] / plain,
+                         f"{cells[row]['any_form']:.1%} of terms used"))
     return rows
 
 
-def _numbers_rows(path: Path) -> list[tuple[str, float, str]]:
+def _numbers_rows(path: Path) -> list[Row]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    rows = data["rows"]
-    return [(f"--numbers ({data['lines']} val lines)", rows["numbers"]["ratio"],
-             f"{rows['numbers']['hold_every_number']} of {data['lines']} hold every number"),
-            ("--numbers by search alone", rows["numbers, search alone"]["ratio"],
-             f"{rows['numbers, search alone']['hold_every_number']} of {data['lines']}")]
+    lines = f"{data['lines']} val lines"
+    return [(extra, lines, data["rows"][row]["ratio"], f"{data['rows'][row]['hold_every_number']} of {data['lines']} hold every number")
+            for row, extra in (("numbers", "--numbers"), ("numbers, search alone", "--numbers by search alone"))]
 
 
-def _confidence_rows(path: Path) -> list[tuple[str, float, str]]:
+def _confidence_rows(path: Path) -> list[Row]:
     data = json.loads(path.read_text(encoding="utf-8"))
-    spread = f"{min(data['ratio_per_repeat']):.2f}-{max(data['ratio_per_repeat']):.2f}x over {len(data['ratio_per_repeat'])} repeats"
-    return [(f"--confidence ({data['lines']} test lines, whole commands)", data["ratio_median"], spread)]
+    ratios = data["ratio_per_repeat"]
+    return [("--confidence", f"{data['lines']} test lines, whole commands", data["ratio_median"],
+             f"{min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} repeats")]
 
 
 def main() -> None:
@@ -58,11 +59,11 @@ def main() -> None:
              for name, g, n, c in args.model}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["| model | extra | time against plain | what it gave |", "|---|---|---:|---|"]
-    lines += [f"| {model} | `{extra.split(' (')[0]}`{' (' + extra.split(' (', 1)[1] if ' (' in extra else ''} | {ratio:.2f}x | {note} |"
-              for model, rows in table.items() for extra, ratio, note in rows]
+    lines = ["| model | extra | lines | time against plain | what it gave |", "|---|---|---|---:|---|"]
+    lines += [f"| {model} | `{extra}` | {where} | {ratio:.2f}x | {note} |"
+              for model, rows in table.items() for extra, where, ratio, note in rows]
     (out / "extras.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "extras.json").write_text(json.dumps({m: [{"extra": e, "ratio": round(r, 3), "note": n} for e, r, n in rows]
+    (out / "extras.json").write_text(json.dumps({m: [{"extra": e, "lines": w, "ratio": round(r, 3), "note": n} for e, w, r, n in rows]
                                                  for m, rows in table.items()}, indent=1) + "\n", encoding="utf-8")
 
     import matplotlib
@@ -70,17 +71,17 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    extras = [e for e, _, _ in next(iter(table.values()))]
+    cells = [(e, w) for e, w, _, _ in next(iter(table.values()))]  # a bar group for each (extra, lines)
     width = 0.8 / len(table)
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for k, (model, rows) in enumerate(table.items()):
-        ratios = dict((e, r) for e, r, _ in rows)
-        xs = [i + k * width for i in range(len(extras))]
-        bars = ax.bar(xs, [ratios.get(e, 0.0) for e in extras], width, label=model)
+        ratios = {(e, w): r for e, w, r, _ in rows}
+        xs = [i + k * width for i in range(len(cells))]
+        bars = ax.bar(xs, [ratios.get(c, 0.0) for c in cells], width, label=model)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([i + width * (len(table) - 1) / 2 for i in range(len(extras))])
-    ax.set_xticklabels([e.split(" (")[0].replace(", val ", "\nval ").replace(" by ", "\nby ") for e in extras], fontsize=7)
+    ax.set_xticks([i + width * (len(table) - 1) / 2 for i in range(len(cells))])
+    ax.set_xticklabels([f"{e.replace(' by ', chr(10) + 'by ')}\n{w.split(' (')[0].split(',')[0]}" for e, w in cells], fontsize=7)
     ax.set_ylabel("time against plain translation (1 = plain)")
     ax.set_title("What each extra costs (qkv's engine, beam 5, 2 threads, median of 3)")
     ax.legend()
