@@ -105,8 +105,9 @@ def constrained_beam_search(
     forms, and a candidate that could no longer write its remaining terms within it is dropped, so every
     constraint that can be written is met (a form whose first piece continues a word never starts).
     Should none the less no output meet them all, the best one found is returned, ``met`` saying which
-    it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams and ``config.stop_early`` stops a
-    sentence at K finished hypotheses, as in ``beam_search``."""
+    it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams, as in ``beam_search``, but
+    not a token that starts or continues a term's form (a term that repeats an n-gram of the output, or
+    itself, is still written); ``config.stop_early`` stops a sentence at K finished hypotheses."""
     B, device, alpha = src.size(0), src.device, config.length_penalty
     K = max(beam_size or config.beam_size, 1 + max(len(c) for c in constraints))
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
@@ -123,9 +124,6 @@ def constrained_beam_search(
         log_probs = logits[:, -1].float().log_softmax(dim=-1)  # (b*k, V)
         if suppress:
             log_probs[:, list(suppress)] = float("-inf")
-        if config.no_repeat_ngram_size and step >= config.no_repeat_ngram_size:
-            history = torch.tensor([beam.tokens for s in alive for beam in beams[s]], device=device)  # (b*k, step)
-            log_probs = log_probs + repeated_ngram_ban(history, config.no_repeat_ngram_size, log_probs.size(-1))
         b, V = len(alive), log_probs.size(-1)
         base = torch.tensor([[beam.score for beam in beams[s]] for s in alive], device=device)  # (b, k)
         scores = (base.view(-1, 1) + log_probs).view(b, k, V)  # (b, k, V) total log-probability of each extension
@@ -133,16 +131,27 @@ def constrained_beam_search(
         if unmet:
             rows, slots = zip(*unmet)
             scores[list(rows), list(slots), eos_id] = float("-inf")  # EOS only once every constraint is met
-        top = scores.view(b, k * V).topk(min(2 * K, k * V), dim=-1).indices.tolist()  # (b, 2K)
-        best = scores.argmax(dim=-1).tolist()  # (b, k)
-        wanted = []  # per row group: the (beam, token) candidates
+        free = scores  # (b, k, V) the same with repeated n-grams banned: a term's own tokens are exempt (below)
+        if config.no_repeat_ngram_size and step >= config.no_repeat_ngram_size:
+            history = torch.tensor([beam.tokens for s in alive for beam in beams[s]], device=device)  # (b*k, step)
+            free = scores + repeated_ngram_ban(history, config.no_repeat_ngram_size, V).view(b, k, V)
+        top = free.view(b, k * V).topk(min(2 * K, k * V), dim=-1).indices.tolist()  # (b, 2K)
+        best = free.argmax(dim=-1).tolist()  # (b, k)
+        wanted, forced = [], []  # per row group: the (beam, token) candidates; those that write a term
         for r, s in enumerate(alive):
             pairs = {(i // V, i % V) for i in top[r]} | {(j, t) for j, t in enumerate(best[r])}
-            for j, beam in enumerate(beams[s]):
-                pairs |= {(j, t) for t in _next_tokens(beam, constraints[s])}
-            wanted.append(sorted(pairs))
+            terms = {(j, t) for j, beam in enumerate(beams[s]) for t in _next_tokens(beam, constraints[s])}
+            wanted.append(sorted(pairs | terms))
+            forced.append(terms)
         flat_r = [r for r, pairs in enumerate(wanted) for _ in pairs]
-        values = scores[flat_r, [j for pairs in wanted for j, _ in pairs], [t for pairs in wanted for _, t in pairs]].tolist()
+        flat_j, flat_t = [j for pairs in wanted for j, _ in pairs], [t for pairs in wanted for _, t in pairs]
+        values = free[flat_r, flat_j, flat_t].tolist()
+        if free is not scores:  # a token that writes a term is not banned as a repeat: the term asked for it
+            exempt = [i for i, (r, j, t) in enumerate(zip(flat_r, flat_j, flat_t)) if (j, t) in forced[r]]
+            if exempt:
+                kept = scores[[flat_r[i] for i in exempt], [flat_j[i] for i in exempt], [flat_t[i] for i in exempt]].tolist()
+                for i, v in zip(exempt, kept):
+                    values[i] = v
         at = 0
         new_beams = []
         for r, s in enumerate(alive):

@@ -60,6 +60,22 @@ def test_the_constrained_search_places_every_term_on_a_trained_model(trained):
         assert alone[0].tokens == found[i].tokens
 
 
+def test_the_repeat_ban_spares_the_tokens_that_write_a_term(trained):
+    # A form that repeats a bigram itself ("Hund Hund Hund" repeats "Hund Hund"): with repeated bigrams banned
+    # (the loop guard's second search) the search must still write it, and repeat nothing else.
+    tok = trained.tokenizer
+    form = tok.encode_target("Hund Hund Hund")
+    assert len(form) >= 3 and len(set(zip(form, form[1:]))) < len(form) - 1  # the form itself repeats a bigram
+    src = collate_sources([tok.encode(SOURCES[1])], pad_id=tok.pad_id, eos_id=tok.eos_id)
+    config = DecodeConfig(beam_size=4, no_repeat_ngram_size=2)
+    hyp, = constrained_beam_search(trained.model, src, [[[form]]], bos_id=tok.bos_id, eos_id=tok.eos_id, config=config,
+                                   joins=word_continuations(tok), beam_size=4)
+    assert all(hyp.met) and "Hund Hund Hund" in tok.decode(hyp.tokens), tok.decode(hyp.tokens)
+    at = next(i for i in range(len(hyp.tokens)) if hyp.tokens[i : i + len(form)] == form)
+    bigrams = [tuple(hyp.tokens[i : i + 2]) for i in range(len(hyp.tokens) - 1) if not at <= i < at + len(form) - 1]
+    assert len(bigrams) == len(set(bigrams))  # outside the term, no bigram twice
+
+
 def test_a_glossary_changes_only_the_sentences_that_miss_a_term(trained):
     translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=4))
     plain = translator.translate(SOURCES)
