@@ -21,7 +21,8 @@ head); ``--glossary-always`` (the constrained search for every sentence with a t
 term use (the form asked for; any accepted form), terms placed where their source term aligns (the
 alignment check), BLEU and chrF of the set's sentences, and seconds for the set on the machine's threads
 (median of ``--repeats``; each row translates the same sentences in the same process, one after another).
-Choices (the constrained beam) are made on val; test_2016_flickr is for the report.
+Choices (the constrained beam, ``--beam``; the slack of its length cap, ``--first-slack``) are made on val;
+test_2016_flickr is for the report. ``--rows`` runs some rows only (a choice needs only ``glossary``).
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def term_sets(split: str, dictionary: dict[str, set[str]]) -> dict[str, list[dic
     return sets
 
 
-def run_rows(translator: Translator, model, records: list[dict], repeats: int) -> dict[str, dict]:
+def run_rows(translator: Translator, model, records: list[dict], repeats: int,
+             which: list[str] = ("none", "glossary", "search", "always")) -> dict[str, dict]:
     sources = [r["source"] for r in records]
     references = [r["reference"] for r in records]
     glossaries = [Glossary.from_pairs(r["terms"]) for r in records]
@@ -131,6 +133,8 @@ def run_rows(translator: Translator, model, records: list[dict], repeats: int) -
     mend = alignment_substitution(model, translator.tokenizer)
     for row, glossary, always, align in (("none", empty, False, None), ("glossary", glossaries, False, mend),
                                          ("search", glossaries, False, None), ("always", glossaries, True, None)):
+        if row not in which:
+            continue
         times, results = [], None
         for _ in range(repeats):
             started = time.perf_counter()
@@ -180,9 +184,15 @@ def main() -> None:
     parser.add_argument("--beam", type=int, nargs="+", default=[5], help="constrained beams to compare (qkv.infer.terms.CONSTRAINED_BEAM)")
     parser.add_argument("--mended-beam", type=int, default=None,
                         help="beams for the sentences mending left (qkv.infer.terms.MENDED_BEAM; default: the module's)")
+    parser.add_argument("--first-slack", nargs="+", default=None,
+                        help="slacks of the constrained search's length cap to compare, 'none' for no cap "
+                             "(qkv.infer.terms.FIRST_SLACK; default: the module's)")
+    parser.add_argument("--rows", default="none,glossary,search,always", help="which rows to run (comma-separated)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     import qkv.infer.terms as terms
+
+    slacks = [None if s == "none" else int(s) for s in args.first_slack] if args.first_slack else [terms.FIRST_SLACK]
 
     dictionary = read_freedict()
     sets = term_sets(args.split, dictionary)
@@ -192,22 +202,26 @@ def main() -> None:
     translator = Translator(loaded.model, loaded.tokenizer, config)
     report = {"checkpoint": str(checkpoint.resolve(args.checkpoint)), "split": args.split, "threads": torch.get_num_threads(),
               "decode": asdict(config), "command": "python -m benchmarks.glossary " + " ".join(sys.argv[1:]),
-              "dictionary_entries": len(dictionary), "mended_beam": args.mended_beam or terms.MENDED_BEAM, "sets": {}}
+              "dictionary_entries": len(dictionary), "mended_beam": args.mended_beam or terms.MENDED_BEAM,
+              "first_slack": slacks[0] if len(slacks) == 1 else slacks, "sets": {}}
     for name, records in sets.items():
-        report["sets"][name] = {"sentences": len(records), "by_beam": {}}
-        for beam in args.beam:
-            terms.CONSTRAINED_BEAM = beam
+        report["sets"][name] = {"sentences": len(records), "by_beam": {str(b): {} for b in args.beam} if len(slacks) == 1 else {}}
+        for beam, slack in ((b, s) for b in args.beam for s in slacks):
+            terms.CONSTRAINED_BEAM, terms.FIRST_SLACK = beam, slack
             if args.mended_beam is not None:
                 terms.MENDED_BEAM = args.mended_beam
-            rows = run_rows(translator, loaded.model, records, args.repeats)
-            # A few sentences the glossary changed, for a reader; the rest are not kept (the file stays small).
-            changed = [i for i, (a, b) in enumerate(zip(rows["none"]["translations"], rows["glossary"]["translations"])) if a != b]
-            report["sets"][name]["by_beam"][str(beam)] = {
-                row: {k: v for k, v in r.items() if k != "translations"} for row, r in rows.items()} | {"examples": [
+            rows = run_rows(translator, loaded.model, records, args.repeats, args.rows.split(","))
+            cell = report["sets"][name]["by_beam"][str(beam)] if len(slacks) == 1 else report["sets"][name].setdefault(
+                "by_slack", {}).setdefault(str(slack), {})
+            cell.update({row: {k: v for k, v in r.items() if k != "translations"} for row, r in rows.items()})
+            if "none" in rows and "glossary" in rows:
+                # A few sentences the glossary changed, for a reader; the rest are not kept (the file stays small).
+                changed = [i for i, (a, b) in enumerate(zip(rows["none"]["translations"], rows["glossary"]["translations"])) if a != b]
+                cell["examples"] = [
                     {"source": records[i]["source"], "reference": records[i]["reference"], "terms": records[i]["terms"],
-                     "none": rows["none"]["translations"][i], "glossary": rows["glossary"]["translations"][i]} for i in changed[:12]]}
+                     "none": rows["none"]["translations"][i], "glossary": rows["glossary"]["translations"][i]} for i in changed[:12]]
             for row, r in rows.items():
-                print(f"{args.split} {name} ({len(records)} sentences, {r['terms']} terms) beam {beam} {row:9s} exact "
+                print(f"{args.split} {name} ({len(records)} sentences, {r['terms']} terms) beam {beam} slack {slack} {row:9s} exact "
                       f"{r['exact_form']:.3f} any {r['any_form']:.3f} placed {r['placed']:.3f} BLEU {r['bleu']:.2f} chrF "
                       f"{r['chrf']:.2f} {r['seconds']:.2f}s again {r['searched_again']} substituted {r['substituted']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

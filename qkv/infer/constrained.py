@@ -98,11 +98,12 @@ def _progress(met: tuple[bool, ...], partial: frozenset, constraints: Constraint
 def constrained_beam_search(
     model: SearchModel, src: torch.Tensor, constraints: list[Constraints], *, bos_id: int, eos_id: int,
     config: DecodeConfig, joins: frozenset[int] = frozenset(), suppress: tuple[int, ...] = (), beam_size: int | None = None,
+    max_lengths: list[int] | None = None,
 ) -> list[ConstrainedHypothesis]:
     """The best output of each sentence of ``src`` (B, S) that meets all of its ``constraints`` (module
     docstring), searched with ``beam_size`` beams (default: the config's; at least one more than the
     batch's most constraints). A sentence's length limit is the config's plus its constraints' longest
-    forms, and a candidate that could no longer write its remaining terms within it is dropped, so every
+    forms (or its ``max_lengths`` entry where that is lower), and a candidate that could no longer write its remaining terms within it is dropped, so every
     constraint that can be written is met (a form whose first piece continues a word never starts).
     Should none the less no output meet them all, the best one found is returned, ``met`` saying which
     it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams, as in ``beam_search``, but
@@ -113,6 +114,8 @@ def constrained_beam_search(
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
     limits = [min(max_output_length(model, int(n), config) + sum(max(len(f) for f in forms) for forms in cs),
                   model.config.max_len - 1) for n, cs in zip(src_mask.sum(dim=1).tolist(), constraints)]
+    if max_lengths is not None:
+        limits = [max(1, min(limit, cap)) for limit, cap in zip(limits, max_lengths)]
     state = model.new_state(capacity=max(limits) + 1)
     beams = [[_Beam((), 0.0, tuple(False for _ in cs), frozenset())] for cs in constraints]  # one live beam at first
     finished: list[list[ConstrainedHypothesis]] = [[] for _ in range(B)]

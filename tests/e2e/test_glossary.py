@@ -76,6 +76,37 @@ def test_the_repeat_ban_spares_the_tokens_that_write_a_term(trained):
     assert len(bigrams) == len(set(bigrams))  # outside the term, no bigram twice
 
 
+def test_a_length_cap_still_places_every_term_within_it(trained):
+    glossary = Glossary.parse(ENTRIES)
+    tok = trained.tokenizer
+    matches = [glossary.matches(s) for s in SOURCES[:3]]
+    constraints = [[[tok.encode_target(f) for f in constraint_forms(m.term)] for m in ms] for ms in matches]
+    src = collate_sources([tok.encode(s) for s in SOURCES[:3]], pad_id=tok.pad_id, eos_id=tok.eos_id)
+    search = lambda caps: constrained_beam_search(trained.model, src, constraints, bos_id=tok.bos_id, eos_id=tok.eos_id,  # noqa: E731
+                                                  config=DecodeConfig(beam_size=4), joins=word_continuations(tok), beam_size=6,
+                                                  max_lengths=caps)
+    caps = [sum(max(len(f) for f in forms) for forms in cs) + 1 for cs in constraints]  # the terms and one token more
+    assert any(len(h.tokens) > cap for h, cap in zip(search(None), caps))  # uncapped, an output is longer
+    for hyp, cap in zip(search(caps), caps):
+        assert len(hyp.tokens) <= cap and all(hyp.met), (cap, tok.decode(hyp.tokens))
+
+
+def test_a_constrained_output_is_no_longer_than_the_first_translation_and_its_terms(trained):
+    from qkv.infer.terms import FIRST_SLACK
+
+    glossary = Glossary.parse(ENTRIES)
+    tok = trained.tokenizer
+    translator = Translator(trained.model, tok, DecodeConfig(beam_size=4))
+    firsts = [h[0].tokens for h in translator.translate_ids([translator.encode(s) for s in SOURCES])]
+    results = translate_with_glossary(translator, SOURCES, glossary, always=True)
+    searched = [(r.sentences[0], first) for r, first in zip(results, firsts) if r.sentences[0].constrained]
+    assert len(searched) == 2  # the first and third hold terms ("dogs" is not the term "dog")
+    for sentence, first in searched:
+        terms = sum(max(len(tok.encode_target(f)) for f in constraint_forms(u.term)) for u in sentence.uses)
+        assert len(sentence.tokens) <= len(first) + terms + FIRST_SLACK
+        assert all(u.found for u in sentence.uses), sentence.translation
+
+
 def test_a_glossary_changes_only_the_sentences_that_miss_a_term(trained):
     translator = Translator(trained.model, trained.tokenizer, DecodeConfig(beam_size=4))
     plain = translator.translate(SOURCES)
