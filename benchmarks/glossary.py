@@ -48,6 +48,7 @@ from qkv.infer.terms import translate_with_glossary
 from qkv.infer.translator import Translator
 from qkv.inspect.terms import alignment_substitution, place
 from qkv.io import checkpoint
+from benchmarks.engine import engine_args, engine_label, engine_translator
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -188,6 +189,7 @@ def main() -> None:
                         help="slacks of the constrained search's length cap to compare, 'none' for no cap "
                              "(qkv.infer.terms.FIRST_SLACK; default: the module's)")
     parser.add_argument("--rows", default="none,glossary,search,always", help="which rows to run (comma-separated)")
+    engine_args(parser)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     import qkv.infer.terms as terms
@@ -199,8 +201,8 @@ def main() -> None:
     loaded = checkpoint.load(args.checkpoint)
     # What `qkv translate` searches with: the checkpoint's settings and the loop guard's default.
     config = replace(DecodeConfig(**loaded.model.decode_defaults), loop_guard=LOOP_GUARD)
-    translator = Translator(loaded.model, loaded.tokenizer, config)
-    report = {"checkpoint": str(checkpoint.resolve(args.checkpoint)), "split": args.split, "threads": torch.get_num_threads(),
+    translator = engine_translator(args, args.checkpoint, loaded.model, loaded.tokenizer, config)
+    report = {"engine": engine_label(args), "checkpoint": str(checkpoint.resolve(args.checkpoint)), "split": args.split, "threads": torch.get_num_threads(),
               "decode": asdict(config), "command": "python -m benchmarks.glossary " + " ".join(sys.argv[1:]),
               "dictionary_entries": len(dictionary), "mended_beam": args.mended_beam or terms.MENDED_BEAM,
               "first_slack": slacks[0] if len(slacks) == 1 else slacks, "sets": {}}

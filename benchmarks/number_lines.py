@@ -69,14 +69,14 @@ def time_rows(args: argparse.Namespace) -> int:
     from qkv.cli.common import LOOP_GUARD
     from qkv.infer.search import DecodeConfig
     from qkv.infer.terms import translate_with_glossary
-    from qkv.infer.translator import Translator
+    from benchmarks.engine import engine_label, engine_translator
     from qkv.inspect.terms import alignment_substitution
     from qkv.io import checkpoint
 
     sources = make(args.data_dir, args.lines)
     loaded = checkpoint.load(args.checkpoint)
     config = replace(DecodeConfig(**loaded.model.decode_defaults), loop_guard=LOOP_GUARD)
-    translator = Translator(loaded.model, loaded.tokenizer, config)
+    translator = engine_translator(args, args.checkpoint, loaded.model, loaded.tokenizer, config)
     mend = alignment_substitution(loaded.model, loaded.tokenizer)
     rows = {"plain": None, "numbers": mend, "numbers, search alone": None}
     seconds: dict[str, list[float]] = {row: [] for row in rows}
@@ -92,7 +92,7 @@ def time_rows(args: argparse.Namespace) -> int:
             seconds[row].append(round(time.perf_counter() - started, 3))
             held[row] = sum(carried(s, t) for s, t in zip(sources, texts))
     base = statistics.median(seconds["plain"])
-    result = {"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "lines": len(sources),
+    result = {"checkpoint": args.checkpoint, "engine": engine_label(args), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "lines": len(sources),
               "threads": torch.get_num_threads(), "seconds": seconds, "load_average_before_rows": loads,
               "rows": {row: {"median_seconds": statistics.median(s), "ratio": round(statistics.median(s) / base, 3),
                              "hold_every_number": held[row]} for row, s in seconds.items()},
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lines", type=int, default=200)
     t.add_argument("--repeats", type=int, default=3)
     t.add_argument("--out", type=Path, required=True)
+    engine_args(t)
     args = p.parse_args(argv)
     if args.what == "make":
         sys.stdout.writelines(line + "\n" for line in make(args.data_dir, args.lines))

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.engine import engine_args, engine_label
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
 
@@ -31,7 +33,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--save", help="keep the translations of the first plain run here")
     parser.add_argument("--out", required=True)
+    engine_args(parser)
     args = parser.parse_args()
+    engine = ["--engine", args.engine, *(["--int8"] if args.int8 else [])]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp, "test.en")
         src.write_text(gzip.open(Path(args.data_dir) / "test_2016_flickr.en.gz", "rt", encoding="utf-8").read(), encoding="utf-8")
@@ -42,14 +46,14 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 start = time.perf_counter()
                 subprocess.run([sys.executable, "-m", "qkv", "translate", "--checkpoint", args.checkpoint, "--beam", "5",
-                                "--workers", "1", "-i", str(src), "-o", str(Path(tmp, name)), "--force", *extra],
+                                "--workers", "1", "-i", str(src), "-o", str(Path(tmp, name)), "--force", *engine, *extra],
                                check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
                 runs[name].append(round(time.perf_counter() - start, 2))
                 if args.save and name == "plain" and len(runs[name]) == 1:
                     Path(args.save).write_text(Path(tmp, name).read_text(encoding="utf-8"), encoding="utf-8")
                 print(name, runs[name][-1], flush=True)
     ratio = [c / p for p, c in zip(runs["plain"], runs["confidence"])]
-    result = {"checkpoint": args.checkpoint, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": runs,
+    result = {"checkpoint": args.checkpoint, "engine": engine_label(args), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": runs,
               "ratio_per_repeat": [round(r, 3) for r in ratio], "ratio_median": round(statistics.median(ratio), 3),
               "load_average_before_runs": [round(x, 2) for x in loads], "lines": 1000, "beam": 5, "threads": 2}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
