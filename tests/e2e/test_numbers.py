@@ -165,7 +165,7 @@ def test_a_constrained_output_that_fails_the_check_keeps_the_first_translation(d
     (first,) = translator.translate([source])
     assert "5" not in first  # the random model misses it: the sentence goes to the constrained search
     placed = tok.encode_target("5.5")
-    monkeypatch.setattr(terms, "_constrained", lambda t, src_ids, constraints, joins, config, beam: [
+    monkeypatch.setattr(terms, "_constrained", lambda t, src_ids, constraints, joins, config, beam, firsts: [
         ConstrainedHypothesis(placed, 0.0, 0.0, met=[True] * len(c)) for c in constraints])
     (result,) = translate_with_glossary(translator, [source], numbers=True)
     assert result.text == first
