@@ -4,6 +4,10 @@
         benchmarks/results/numbers/cost.json benchmarks/results/trust/cost.json \\
         --model "6-1 student" benchmarks/results/glossary-student-6-1 \\
         benchmarks/results/numbers/cost-student-6-1.json benchmarks/results/trust/cost-student-6-1.json \\
+        --model "README's model, CTranslate2 int8" benchmarks/results/glossary-ct2 \\
+        benchmarks/results/numbers/cost-ct2.json benchmarks/results/trust/cost-ct2.json \\
+        --model "6-1 student, CTranslate2 int8" benchmarks/results/glossary-ct2-student-6-1 \\
+        benchmarks/results/numbers/cost-ct2-student-6-1.json benchmarks/results/trust/cost-ct2-student-6-1.json \\
         --out benchmarks/results/extras
 
 Reads what the three benchmarks wrote (nothing is timed here): ``benchmarks.glossary``'s ``val.json`` in
@@ -30,6 +34,8 @@ def _glossary_rows(directory: Path) -> list[Row]:
         cells = next(iter(found["by_beam"].values()))
         plain = cells["none"]["seconds"]
         for row, extra in (("glossary", "--glossary"), ("search", "--glossary by search alone")):
+            if row not in cells:  # a run of some rows only (--rows)
+                continue
             rows.append((extra, f"val {name} set ({found['sentences']} sentences)", cells[row]["seconds"] / plain,
                          f"{cells[row]['any_form']:.1%} of terms used"))
     return rows
@@ -76,14 +82,18 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for k, (model, rows) in enumerate(table.items()):
         ratios = {(e, w): r for e, w, r, _ in rows}
-        xs = [i + k * width for i in range(len(cells))]
-        bars = ax.bar(xs, [ratios.get(c, 0.0) for c in cells], width, label=model)
+        present = [i for i, c in enumerate(cells) if c in ratios]  # a model without a row gets no bar there
+        bars = ax.bar([i + k * width for i in present], [ratios[cells[i]] for i in present], width, label=model)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log", base=2)  # 1.2x and 16x on one picture
+    ticks = [1, 1.25, 1.5, 2, 4, 8, 16]
+    ax.set_yticks(ticks, [f"{t:g}x" for t in ticks])
+    ax.set_ylim(0.9, 20)
     ax.set_xticks([i + width * (len(table) - 1) / 2 for i in range(len(cells))])
     ax.set_xticklabels([f"{e.replace(' by ', chr(10) + 'by ')}\n{w.split(' (')[0].split(',')[0]}" for e, w in cells], fontsize=7)
-    ax.set_ylabel("time against plain translation (1 = plain)")
-    ax.set_title("What each extra costs (qkv's engine, beam 5, 2 threads, median of 3)")
+    ax.set_ylabel("time against plain translation (log scale)")
+    ax.set_title("What each extra costs (each model on the engine named, beam 5, 2 threads, median of 3)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "extras.png", dpi=120)

@@ -104,6 +104,8 @@ def time_rows(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.engine import engine_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     m = sub.add_parser("make", help="print the lines with a number added")
