@@ -195,6 +195,8 @@ def main() -> None:
     import qkv.infer.terms as terms
 
     slacks = [None if s == "none" else int(s) for s in args.first_slack] if args.first_slack else [terms.FIRST_SLACK]
+    if len(slacks) > 1 and len(args.beam) > 1:  # the report keys several slacks by slack alone
+        parser.error("compare several --first-slack values at one --beam")
 
     dictionary = read_freedict()
     sets = term_sets(args.split, dictionary)

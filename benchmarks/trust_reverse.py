@@ -4,10 +4,12 @@
         --data-dir ../shared/data/multi30k --out benchmarks/results/trust/reverse.json
 
 The signal: the reverse model's mean log-probability per token of the source given the translation
-(``qkv score`` with the models swapped). Fitted as every flag is (``qkv.inspect.calibrate``): the
-model's own translations of Multi30k val (as ``qkv calibrate`` makes them) and val's made-up pairs;
-the cut is the highest that trips on at most 1% of the acceptable own translations and 0.5% of the
-references (a low score is suspect). Reported: what that cut catches of each made-up kind (val, the
+(``qkv score`` with the models swapped). Its cut is read at the flags' two bounds
+(``qkv.inspect.calibrate``'s MAX_FALSE_ALARMS and MAX_FALSE_REFERENCES) on the model's own translations
+of Multi30k val (as ``qkv calibrate`` makes them) and val's made-up pairs: the highest cut that at most
+1% of the acceptable own translations and 0.5% of the references fall below (a low score is suspect).
+It is those bounds' quantile, not ``flag_threshold`` itself (which also asks the cut to catch more of
+its made-up kind than of either, and half of it, and here would name one kind). Reported: what that cut catches of each made-up kind (val, the
 pairs it was fitted beside), and how many lines of each label of the hand-labelled natural set
 (benchmarks/gold/trust-natural) fall below it. Nothing here is chosen on the natural set.
 """

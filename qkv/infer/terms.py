@@ -165,7 +165,6 @@ def _constrained(translator: Translator, src_ids: list[list[int]], constraints, 
                                    suppress=suppressed_tokens(tok), beam_size=max(beam, config.beam_size), max_lengths=caps)
 
 
-
 def writable_forms(tokenizer, term: Term, joins: frozenset[int]) -> list[list[int]]:
     """The target ids of each of ``term``'s forms (``constraint_forms``) that the model can write: its
     pieces decode back to the form (no unknown piece, no character the vocabulary lacks) and it starts a
