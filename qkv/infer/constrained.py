@@ -102,8 +102,8 @@ def constrained_beam_search(
 ) -> list[ConstrainedHypothesis]:
     """The best output of each sentence of ``src`` (B, S) that meets all of its ``constraints`` (module
     docstring), searched with ``beam_size`` beams (default: the config's; at least one more than the
-    batch's most constraints). A sentence's length limit is the config's plus its constraints' longest
-    forms (or its ``max_lengths`` entry where that is lower), and a candidate that could no longer write its remaining terms within it is dropped, so every
+    batch's most constraints). A sentence's length limit is the config's (or its ``max_lengths`` entry
+    where that is lower) plus its constraints' longest forms, and a candidate that could no longer write its remaining terms within it is dropped, so every
     constraint that can be written is met (a form whose first piece continues a word never starts).
     Should none the less no output meet them all, the best one found is returned, ``met`` saying which
     it does not meet. ``config.no_repeat_ngram_size`` bans repeated n-grams, as in ``beam_search``, but
@@ -112,10 +112,11 @@ def constrained_beam_search(
     B, device, alpha = src.size(0), src.device, config.length_penalty
     K = max(beam_size or config.beam_size, 1 + max(len(c) for c in constraints))
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
-    limits = [min(max_output_length(model, int(n), config) + sum(max(len(f) for f in forms) for forms in cs),
-                  model.config.max_len - 1) for n, cs in zip(src_mask.sum(dim=1).tolist(), constraints)]
+    own = [max_output_length(model, int(n), config) for n in src_mask.sum(dim=1).tolist()]  # before the terms
     if max_lengths is not None:
-        limits = [max(1, min(limit, cap)) for limit, cap in zip(limits, max_lengths)]
+        own = [min(n, cap) for n, cap in zip(own, max_lengths)]
+    limits = [max(1, min(n + sum(max(len(f) for f in forms) for forms in cs), model.config.max_len - 1))
+              for n, cs in zip(own, constraints)]
     state = model.new_state(capacity=max(limits) + 1)
     beams = [[_Beam((), 0.0, tuple(False for _ in cs), frozenset())] for cs in constraints]  # one live beam at first
     finished: list[list[ConstrainedHypothesis]] = [[] for _ in range(B)]

@@ -159,8 +159,7 @@ def _constrained(translator: Translator, src_ids: list[list[int]], constraints, 
     tok, model = translator.tokenizer, translator.model
     src = collate_sources(src_ids, pad_id=tok.pad_id, eos_id=tok.eos_id).to(model.device)
     config = replace(config, stop_early=CONSTRAINED_STOP_EARLY)
-    caps = None if FIRST_SLACK is None else [len(first) + sum(max(len(f) for f in forms) for forms in cs) + FIRST_SLACK
-                                             for first, cs in zip(firsts, constraints)]
+    caps = None if FIRST_SLACK is None else [len(first) + FIRST_SLACK for first in firsts]  # the search adds the terms
     return constrained_beam_search(model, src, constraints, bos_id=tok.bos_id, eos_id=tok.eos_id, config=config, joins=joins,
                                    suppress=suppressed_tokens(tok), beam_size=max(beam, config.beam_size), max_lengths=caps)
 
