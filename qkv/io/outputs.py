@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -68,6 +69,12 @@ def check_output(
     for source in inputs:
         if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
             raise QkvError(f"{path} is also the input: write the output to another file")
+    if path.exists() and _is_stdin(path):
+        raise QkvError(f"{path} is also the standard input: write the output to another file")
+    if not _replaceable(path):
+        raise QkvError(f"{path} is not a regular file (a device, a pipe or a socket): qkv writes its outputs whole "
+                       "and renames them into place, so it replaces only regular files; leave out the output file to "
+                       "write to the standard output")
     for directory in reads:
         if _inside(path, directory):
             raise QkvError(f"{path} is inside {directory}, which this command reads: write the output elsewhere")
@@ -76,6 +83,31 @@ def check_output(
     if path.exists() and not force:
         raise QkvError(f"{path} exists; pass --force to overwrite it")
     return path
+
+
+def _is_stdin(path: Path) -> bool:
+    """True when the standard input is ``path`` itself (``cmd -o F < F``), which replacing would destroy."""
+    try:
+        here, there = os.fstat(sys.stdin.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no standard input, or one without a descriptor
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _replaceable(path: Path) -> bool:
+    """Whether renaming a new file onto ``path`` replaces only a file: nothing there, a regular file, or a
+    symlink (replaced, never followed) to a regular file or to nothing. Never a device, a pipe or a socket,
+    nor a symlink to one (``-o /dev/stdout`` would replace the system's link)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return True
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:  # a dangling or looping link: only the link is replaced
+            return True
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)  # a directory is refused apart, with its own message
 
 
 @contextmanager

@@ -67,6 +67,31 @@ def test_translate_refuses_to_write_over_its_input(ckpt, tmp_path):
     assert text.read_text(encoding="utf-8") == "A dog runs.\nTwo children play.\n"
 
 
+@pytest.mark.parametrize("fmt", ["text", "html"])
+def test_translate_refuses_to_write_over_its_standard_input(ckpt, tmp_path, fmt):
+    """``qkv translate -o F --force < F``: the input came in on standard input, and is refused all the same."""
+    text = tmp_path / "page.txt"
+    original = "<p>A dog runs.</p>\n" if fmt == "html" else "A dog runs.\n"
+    text.write_text(original, encoding="utf-8")
+    with open(text, encoding="utf-8") as stdin:
+        result = subprocess.run([sys.executable, "-m", "qkv", "translate", "--checkpoint", str(ckpt), "--beam", "1",
+                                 "--format", fmt, "-o", str(text), "--force"], stdin=stdin, capture_output=True, text=True, timeout=120)
+    refused(result, "translate", "is also the standard input")
+    assert text.read_text(encoding="utf-8") == original
+
+
+def test_translate_never_replaces_a_pipe_or_a_link_to_one(ckpt, tmp_path):
+    """``--force`` replaces a regular file only: never a FIFO (nor a device: ``-o /dev/null``), nor a link to one."""
+    source, fifo, link = tmp_path / "in.en", tmp_path / "pipe", tmp_path / "stdout"
+    source.write_text("A dog runs.\n", encoding="utf-8")
+    os.mkfifo(fifo)
+    link.symlink_to(fifo)
+    for target in (fifo, link):
+        refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", target, "--force"), "translate",
+                "is not a regular file")
+    assert fifo.is_fifo() and link.is_symlink() and link.resolve() == fifo.resolve()
+
+
 def test_translate_output_over_an_existing_file_needs_force(ckpt, tmp_path):
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("A dog runs.\n\nTwo children play.\n", encoding="utf-8")
