@@ -3,8 +3,8 @@
 ``text``: each line a segment, its placeholders kept (``qkv.document.segments.PLACEHOLDER``), its
 indent and line ending as they were; ``html``, ``markdown``, ``srt``, ``vtt`` and ``po``: their own
 modules. ``format_of`` names a file's format by its extension. Every document is bounded before any
-translation: ``MAX_BYTES`` of text, ``MAX_SEGMENT_WORDS`` words a block (and the HTML reader's element
-and depth bounds).
+translation: ``MAX_BYTES`` of text, ``MAX_SEGMENT_WORDS`` words and ``MAX_SEGMENT_MARKUP`` pieces of markup a
+block (and the HTML reader's element and depth bounds, the Markdown reader's depth bound).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ MAX_BYTES = 5_000_000
 # Words of one segment (a paragraph, a cue group, an entry): its markup is placed over a (target words x
 # source words) alignment, so a block's cost grows with its words squared; this bounds it (32 MB, seconds).
 MAX_SEGMENT_WORDS = 2_000
+# Markup of one segment (elements, voids such as <br> and placeholders): each is put back into the document
+# by a tree edit that costs as many steps as the block holds nodes, so a block's writing grows with its
+# markup squared; this bounds it (a second or so).
+MAX_SEGMENT_MARKUP = 2_000
 
 
 def format_of(path: str | Path | None) -> str | None:
@@ -56,12 +60,16 @@ def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
         if len(segment.text.split()) > MAX_SEGMENT_WORDS:
             raise QkvError(f"{segment.where}: a block of {len(segment.text.split()):,} words; qkv translates blocks of up "
                            f"to {MAX_SEGMENT_WORDS:,} words (split it into paragraphs)")
+        if len(segment.spans) > MAX_SEGMENT_MARKUP:
+            raise QkvError(f"{segment.where}: a block with {len(segment.spans):,} pieces of markup (tags, line breaks, "
+                           f"placeholders); qkv translates blocks of up to {MAX_SEGMENT_MARKUP:,} (split it into paragraphs)")
     return document
 
 
 def _read(text: str, format: str, target_lang: str | None) -> Document:
     if format not in FORMATS:
         raise QkvError(f"unknown document format {format!r}: one of {', '.join(FORMATS)}")
+    text = text.removeprefix("\ufeff")  # a byte order mark (open(..., encoding="utf-8") keeps it) is no text
     if len(text) > MAX_BYTES:
         raise QkvError(f"the document has {len(text):,} characters: qkv translates documents of up to {MAX_BYTES:,} (split it)")
     if format == "text":

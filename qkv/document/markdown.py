@@ -11,9 +11,27 @@ emphasis markers, list markers and line breaks: a paragraph comes back on one li
 
 from __future__ import annotations
 
+from qkv.errors import QkvError
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
 
 _EXTENSIONS = ("tables", "frontmatter")
+MAX_NESTING = 100  # block levels (a list level is two: the list and its item); markdown-it's CommonMark preset stops at 20
+
+
+def _refuse_deeper(md) -> None:
+    """Make ``md`` refuse a document nested deeper than ``MAX_NESTING`` blocks. markdown-it drops what lies
+    beyond its ``maxNesting`` without a word (the rest of the document with it); a nested call of its block
+    tokenizer at that level is where it would, so there this raises."""
+    md.options["maxNesting"] = MAX_NESTING
+    tokenize = md.block.tokenize
+
+    def bounded(state, start: int, end: int, *args, **kwargs):
+        if state.level >= MAX_NESTING and state.skipEmptyLines(start) < end:
+            raise QkvError(f"line {start + 1}: blocks nested more than {MAX_NESTING} deep (a list level counts two); "
+                           "qkv translates Markdown up to that depth")
+        return tokenize(state, start, end, *args, **kwargs)
+
+    md.block.tokenize = bounded  # this parser's own block parser: an instance attribute, no other parser changes
 
 
 def _parser():
@@ -30,6 +48,7 @@ def _parser():
         md.options["parser_extension"].append(plugin)
         plugin.update_mdit(md)
     md.options["codeformatters"] = {}
+    _refuse_deeper(md)
     return md
 
 

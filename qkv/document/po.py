@@ -7,7 +7,8 @@ header's ``Plural-Forms`` says (``nplurals``): the first the translation of ``ms
 ``msgid_plural``. Placeholders (``%s``, ``%(name)s``, ``{name}``, ``{0}``, URLs; ``qkv.document.segments``)
 are kept out of the text the model reads and come back verbatim, in their source order, so that
 ``msgfmt --check`` accepts the catalogue. An entry's leading and trailing whitespace (a final ``\\n``)
-is kept. With ``--confidence``, an entry whose translation is flagged is marked ``fuzzy``.
+and its line breaks and tabs are kept. A string polib would read wrong (not closed on its line, or with an
+escape polib does not read) and a header with more than ``MAX_NPLURALS`` plural forms are refused. With ``--confidence``, an entry whose translation is flagged is marked ``fuzzy``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,30 @@ from qkv.errors import QkvError
 from qkv.document.segments import Document, flatten, plain_segment
 
 _NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
+MAX_NPLURALS = 10  # gettext's languages need at most 6 plural forms; each is a segment to translate
+# A line that holds a string: a keyword and its string, or a continuation string (behind "#~" in an obsolete
+# entry, "#|" in a previous msgid, "#~|" in both).
+_KEYWORD = re.compile(r'\s*(?:#~?\|?\s*)?(?:msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*"')
+_STRING = re.compile(r'\s*(?:#~?\|?\s*)?(?:msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*"((?:[^"\\]|\\.)*)"\s*')
+_ESCAPE = re.compile(r"\\([0-7]{1,3}|x[0-9A-Fa-f]+|.)")
+_KEPT_ESCAPES = set('\\tnrvbf"')  # what polib reads (polib.unescape); msgfmt also reads \a, octal and hex
+
+
+def _check_strings(text: str) -> None:
+    """Refuse a string polib would read wrong: one not closed on its line (polib reads "A dog as "A do",
+    msgfmt says "end-of-line within string"), or holding an escape polib does not read (``\\a``, ``\\101``,
+    ``\\x42``: it would write them back as a backslash and letters, and the program's string would never
+    find its translation)."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not _KEYWORD.match(line) or (line.lstrip().startswith("#") and not line.lstrip().startswith(("#~", "#|"))):
+            continue
+        string = _STRING.fullmatch(line)
+        if string is None:
+            raise QkvError(f"line {n}: a string not closed, or text after it")
+        odd = next((e for e in _ESCAPE.findall(string.group(1)) if e not in _KEPT_ESCAPES), None)
+        if odd is not None:
+            raise QkvError(f"line {n}: the escape \\{odd} (qkv reads PO strings with polib, which keeps only "
+                           "\\n \\t \\r \\v \\b \\f \\\\ and \\\"; write the character itself)")
 
 
 def _nplurals(po) -> int | None:
@@ -55,15 +80,19 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
         found = re.search(r"line (\d+)", str(error))
         where = f"line {found.group(1)}: " if found else ""
         raise QkvError(f"{where}not a gettext catalogue ({str(error).strip()})") from None
+    _check_strings(text)
     _check_complete(text, po)
     segments, slots = [], []  # slot: (entry, plural index or None, [(lead, trail) of each line])
 
     def add(entry, plural, text: str, where: str) -> None:
-        pieces = []  # a message of several lines: each line a segment, its line breaks kept
+        pieces = []  # each line of a message, and each tab-separated cell of a line, a segment: (lead, trail, segment, what follows)
         for line in text.split("\n"):
-            segment, lead, trail = plain_segment(line, where)
-            pieces.append((lead, trail, len(segments)))
-            segments.append(segment)
+            for cell in line.split("\t"):  # a tab is layout the program relies on ("Name:\t%s"): kept
+                segment, lead, trail = plain_segment(cell, where)
+                pieces.append((lead, trail, len(segments), "\t"))
+                segments.append(segment)
+            pieces[-1] = pieces[-1][:3] + ("\n",)
+        pieces[-1] = pieces[-1][:3] + ("",)
         slots.append((entry, plural, pieces))
 
     plural_count = None
@@ -77,6 +106,9 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
                 if plural_count is None or plural_count < 1:
                     raise QkvError("the catalogue's header has no Plural-Forms with nplurals: set it for the target "
                                    "language (e.g. 'nplurals=2; plural=(n != 1);') to fill its plural entries")
+                if plural_count > MAX_NPLURALS:
+                    raise QkvError(f"the catalogue's header says nplurals={plural_count}: qkv fills at most "
+                                   f"{MAX_NPLURALS} plural forms (gettext's languages have at most 6)")
             for n in list(entry.msgstr_plural):  # a .pot's extra forms go: msgfmt wants exactly nplurals
                 if n >= plural_count and not entry.msgstr_plural[n]:
                     del entry.msgstr_plural[n]
@@ -90,12 +122,12 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
 
     def write(placed: list[list], reports=None) -> str:
         for entry, plural, pieces in slots:
-            translation = "\n".join(lead + flatten(placed[k], void=lambda tag: tag) + trail for lead, trail, k in pieces)
+            translation = "".join(lead + flatten(placed[k], void=lambda tag: tag) + trail + after for lead, trail, k, after in pieces)
             if plural is None:
                 entry.msgstr = translation
             else:
                 entry.msgstr_plural[plural] = translation
-            if reports is not None and any(reports[k].flags for _, _, k in pieces) and "fuzzy" not in entry.flags:
+            if reports is not None and any(reports[k].flags for _, _, k, _ in pieces) and "fuzzy" not in entry.flags:
                 entry.flags.append("fuzzy")
         if slots:  # written as UTF-8, so said to be
             po.metadata["Content-Type"] = "text/plain; charset=UTF-8"

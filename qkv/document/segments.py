@@ -26,7 +26,7 @@ from typing import Any, Callable
 # parts, ``%(name)s`` before ``%s``.
 PLACEHOLDER = re.compile(
     r"""(?:https?|ftp)://[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]"""  # a URL, without a sentence's closing punctuation
-    r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address
+    r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address (from the start of its run: linear)
     r"|%\([A-Za-z_]\w*\)[-#0+]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
     # C's %s, %1$d, %.2f (not the space flag: "100% sure" is prose)
     r"|%(?:\d+\$)?[-#0+']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|j|z|t|L)?[diouxXeEfFgGcspaA%]"
@@ -184,7 +184,7 @@ def plain_segment(text: str, where: str = "", placeholders: bool = True) -> tupl
     """A segment of one string with no markup but its placeholders, and the whitespace around it (kept
     by the writer: a PO entry's trailing newline, a line's indent)."""
     lead = text[: len(text) - len(text.lstrip())]
-    trail = text[len(text.rstrip()) :]
+    trail = text[len(text.rstrip()) :] if text.strip() else ""  # all whitespace: kept once, as the lead
     builder = SegmentBuilder(placeholders)
     builder.text(text.strip())
     return builder.build(where), lead, trail

@@ -14,6 +14,7 @@ comes back cut into two at the space nearest its middle.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 
 from qkv.errors import QkvError
 from qkv.document.segments import Document, Element, SegmentBuilder, Void
@@ -68,18 +69,28 @@ def _string(nodes: list) -> str:
 
 
 def _lines(text: str, n: int) -> str:
-    """``text`` cut into ``n`` lines at the spaces nearest equal shares (never inside a tag)."""
+    """``text`` cut into ``n`` lines at the spaces nearest equal shares (never inside a tag), in one pass
+    over the text and a binary search a cut."""
     text = text.strip()
     if n <= 1:
         return text
-    spaces = [m.start() for m in re.finditer(" ", text) if text.rfind("<", 0, m.start()) <= text.rfind(">", 0, m.start())]
-    cuts = []
+    spaces, last_open, last_close = [], -1, -1
+    for i, char in enumerate(text):
+        if char == "<":
+            last_open = i
+        elif char == ">":
+            last_close = i
+        elif char == " " and last_open <= last_close:  # outside a tag
+            spaces.append(i)
+    cuts, first = [], 0  # first: the first space after the last cut
     for k in range(1, n):
-        goal = len(text) * k / n
-        free = [s for s in spaces if s not in cuts and (not cuts or s > cuts[-1])]
-        if not free:
+        if first >= len(spaces):
             break
-        cuts.append(min(free, key=lambda s: abs(s - goal)))
+        goal = len(text) * k / n
+        j = bisect_left(spaces, goal, lo=first)
+        nearest = min((x for x in (j - 1, j) if first <= x < len(spaces)), key=lambda x: abs(spaces[x] - goal))  # ties: the earlier
+        cuts.append(spaces[nearest])
+        first = nearest + 1
     pieces, at = [], 0
     for c in cuts:
         pieces.append(text[at:c])
@@ -145,6 +156,11 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
     except (ValueError, OverflowError) as error:  # a timing srt matched but cannot hold (minutes past 59, ...)
         raise QkvError(f"not a SubRip file: {error}") from None
     texts = [s.content for s in subtitles]
+    for content in texts:  # a cue that lacks its blank line and number: srt reads the next timing line as text
+        timing = next((line for line in content.splitlines() if _TIMING.match(line)), None)
+        if timing is not None:
+            line = text.splitlines().index(timing) + 1
+            raise QkvError(f"line {line}: a timing line inside a cue's text (a blank line and a cue number missing before it?)")
     segments, members, lines = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
 
     def write(placed: list[list], reports=None) -> str:
@@ -153,6 +169,22 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
         return srt.compose(subtitles, reindex=False, strict=False)
 
     return Document(segments, write, "srt")
+
+
+def _check_arrows(lines: list[str]) -> None:
+    """Refuse "-->" in a cue's text or identifier: WebVTT forbids it there, and webvtt-py drops such a line
+    without a word. A NOTE, STYLE or REGION block may hold one (kept as it is)."""
+    block_start = True
+    kept = False  # inside a NOTE, STYLE or REGION block
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            block_start, kept = True, False
+            continue
+        if block_start:
+            kept = line.split(maxsplit=1)[0] in ("NOTE", "STYLE", "REGION") or line.startswith("WEBVTT")
+            block_start = False
+        if not kept and "-->" in line and not _TIMING.match(line):
+            raise QkvError(f"line {n}: '-->' in a cue's text or identifier, which WebVTT forbids (write '\u2192' or '-- >')")
 
 
 def read_vtt(text: str, target_lang: str | None = None) -> Document:
@@ -168,6 +200,7 @@ def read_vtt(text: str, target_lang: str | None = None) -> Document:
     if len(timings) != len(captions):  # webvtt-py skips a block it cannot read: refuse rather than lose a cue
         bad = next((n for n in timings if not _VTT_TIMING.match(source_lines[n - 1])), timings[-1] if timings else 1)
         raise QkvError(f"line {bad}: not a WebVTT cue timing ('start --> end' with times as hh:mm:ss.ttt)")
+    _check_arrows(source_lines)
     texts = [c.raw_text for c in captions]
     segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions])
 
