@@ -1,0 +1,139 @@
+"""Two more flags tried for the hallucinations the six miss (issue 83): would either pay?
+
+    .venv/bin/python -m benchmarks.trust_candidates --checkpoint runs/en-de/final \\
+        --data-dir ../shared/data/multi30k --out benchmarks/results/trust/candidates.json
+
+The candidates, both read from the model itself (no second model):
+
+- ``contrast``: how much the source explains the translation, the mean log-probability per target token
+  (EOS included) given the source minus that given an empty source (the decoder alone); a translation
+  the source does not explain is suspect (low values). It costs a second teacher-forced decoder pass.
+- ``alignment_entropy``: the alignment head's entropy over the source positions (EOS included), divided
+  by the log of their number and averaged over the target tokens (EOS's row left out); an output the head
+  cannot place is suspect (high values). It reads the head ``--confidence`` already runs.
+
+Each cut is read at the flags' two bounds (``qkv.inspect.calibrate``'s MAX_FALSE_ALARMS and
+MAX_FALSE_REFERENCES) on the model's own translations of Multi30k val (as ``qkv calibrate`` makes them)
+and val's made-up pairs, as ``benchmarks.trust_reverse`` reads its cut: at most 1% of the acceptable own
+translations and 0.5% of the references on the suspect side. Reported: what the cut catches of each
+made-up kind (a flag must catch ``MIN_CAUGHT`` of one kind to exist), and, on the hand-labelled natural
+set (benchmarks/gold/trust-natural), the lines of each label on the suspect side, the hallucinations
+among them that the checkpoint's own six flags miss, and the correct lines. Nothing is chosen on the
+natural set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from benchmarks.trust import read_natural
+from benchmarks.trust_reverse import HALLUCINATION, lowest_share
+from qkv.cli.common import LOOP_GUARD
+from qkv.data.corpus import collate
+from qkv.infer.bleu import sentence_chrf
+from qkv.infer.search import DecodeConfig
+from qkv.infer.translator import Translator
+from qkv.inspect.calibrate import (
+    ACCEPTABLE, KINDS, MAX_FALSE_ALARMS, MAX_FALSE_REFERENCES, MIN_CAUGHT, provoking_pairs, roc_auc, synthetic_pairs,
+)
+from qkv.inspect.trust import assess, calibration_of
+from qkv.io import checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+CANDIDATES = {"contrast": -1, "alignment_entropy": +1}  # the sign that makes high values suspect
+
+
+@torch.inference_mode()
+def candidates(model, tok, sources: list[str], translations: list[str], batch: int = 64) -> list[dict[str, float]]:
+    """Each pair's ``contrast`` and ``alignment_entropy`` (module docstring)."""
+    model.eval()
+    limit = model.config.max_len - 1  # as qkv.inspect.trust.assess reads the pairs
+    out = []
+    for k in range(0, len(sources), batch):
+        src_ids = [tok.encode(s)[:limit] for s in sources[k:k + batch]]
+        tgt_ids = [tok.encode_target(t)[:limit] for t in translations[k:k + batch]]
+        n_tgt = torch.tensor([len(t) + 1 for t in tgt_ids])  # (B,): EOS included
+        n_src = torch.tensor([len(s) + 1 for s in src_ids])
+        mean_lp = []
+        for ids in (src_ids, [[] for _ in src_ids]):  # the source, then none
+            src, tgt_in, tgt_out = collate(ids, tgt_ids, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)  # (B, S), (B, T), (B, T)
+            logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
+            real = (tgt_out != tok.pad_id).float()
+            mean_lp.append((logp * real).sum(1) / real.sum(1))
+            if ids is src_ids:
+                memory, _, _ = model.encode(src)  # (B, S, D)
+                weights = model.alignment_head(tgt_in, memory, src != tok.pad_id).float()  # (B, T, S)
+        entropy = -(weights.clamp_min(1e-12).log() * weights).sum(-1)  # (B, T); padding columns hold 0
+        for b in range(len(src_ids)):
+            rows = entropy[b, : n_tgt[b] - 1] / math.log(max(2, int(n_src[b])))  # the target tokens, EOS's row left out
+            out.append({"contrast": float(mean_lp[0][b] - mean_lp[1][b]), "alignment_entropy": float(rows.mean())})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="a model with an alignment head")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--natural", default=str(ROOT / "benchmarks" / "gold" / "trust-natural"))
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    loaded = checkpoint.load(args.checkpoint)
+    model, tok = loaded.model, loaded.tokenizer
+    if model.config.alignment_layer is None:
+        parser.error(f"{args.checkpoint} has no alignment head")
+    read = lambda split, lang: gzip.open(Path(args.data_dir) / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
+    src, ref = read("val", "en"), read("val", "de")
+    keep = [i for i, (s, r) in enumerate(zip(src, ref)) if s.strip() and r.strip()]
+    src, ref = [src[i] for i in keep], [ref[i] for i in keep]
+    joined_src, joined_ref = provoking_pairs(src, ref)
+    # The own translations as qkv calibrate makes them: the checkpoint's settings and the loop guard, the joined pairs without it.
+    config = replace(DecodeConfig(**model.decode_defaults), loop_guard=LOOP_GUARD)
+    own = (Translator(model, tok, config).translate(src)
+           + Translator(model, tok, replace(config, loop_guard=0)).translate(joined_src))
+    good = [c >= ACCEPTABLE for c in sentence_chrf(own, ref + joined_ref)]
+    own_values = candidates(model, tok, src + joined_src, own)
+    made = synthetic_pairs(src, ref)
+    made_values = candidates(model, tok, [s for _, s, _ in made], [t for _, _, t in made])
+    inputs, translations, labels = read_natural(Path(args.natural), Path(args.data_dir))
+    natural = candidates(model, tok, inputs, translations)
+    flagged = [bool(t.flags) for t in assess(model, tok, inputs, translations, calibration=calibration_of(checkpoint.resolve(args.checkpoint)))]
+    report = {
+        "command": "python -m benchmarks.trust_candidates " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "own_translations": len(own), "acceptable": sum(good),
+        "natural_hallucinations_the_six_flags_miss": sum(not f and lab in HALLUCINATION for f, lab in zip(flagged, labels)),
+        "candidates": {},
+    }
+    for name, sign in CANDIDATES.items():
+        suspect = lambda values: [-sign * v[name] for v in values]  # noqa: E731 low: suspect
+        by_kind = {k: [v for v, (kind, _, _) in zip(suspect(made_values), made) if kind == k] for k in KINDS}
+        accepted = [v for v, g in zip(suspect(own_values), good) if g]
+        cut = min(lowest_share(accepted, MAX_FALSE_ALARMS), lowest_share(by_kind["correct"], MAX_FALSE_REFERENCES))
+        below = [v < cut for v in suspect(natural)]
+        caught = {k: round(sum(v < cut for v in vs) / len(vs), 4) for k, vs in by_kind.items()}
+        report["candidates"][name] = {
+            "cut": round(-sign * cut, 4), "suspect": "below" if sign < 0 else "at or above",
+            "own_acceptable_flagged": round(sum(v < cut for v in accepted) / len(accepted), 4),
+            "made_up_flagged": caught,
+            "a_kind_caught_at_min": [k for k, share in caught.items() if k != "correct" and share >= MIN_CAUGHT],
+            "made_up_roc_auc": {k: round(roc_auc([-v for v in vs], [-v for v in by_kind["correct"]]), 4) for k, vs in by_kind.items() if k != "correct"},
+            "natural_flagged": {lab: [sum(b for b, l in zip(below, labels) if l == lab), labels.count(lab)] for lab in sorted(set(labels))},
+            "natural_missed_hallucinations_caught": [i + 1 for i, (b, f, lab) in enumerate(zip(below, flagged, labels))
+                                                     if b and not f and lab in HALLUCINATION],
+            "natural_correct_flagged": [i + 1 for i, (b, lab) in enumerate(zip(below, labels)) if b and lab == "correct"],
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
