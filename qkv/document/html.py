@@ -27,9 +27,12 @@ from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain
 INLINE = frozenset("a abbr acronym b bdi bdo big cite data del dfn em font i ins label mark q s small span strike "
                    "strong sub sup time tt u".split())
 VOID = frozenset("br img wbr input area embed source track".split())
-VERBATIM = frozenset("code kbd samp var pre script style textarea svg math template noscript iframe object".split())
+VERBATIM = frozenset("code kbd samp var pre script style textarea svg math template noscript iframe object xmp noembed noframes plaintext".split())
 INLINE_VERBATIM = frozenset("code kbd samp var svg math".split())  # verbatim, but inside a sentence
 TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder")
+# Elements whose text the HTML standard's parser reads raw (no tags, no entities): written back unescaped,
+# as Beautiful Soup writes script and style ("<xmp><b>" came back as "<xmp>&lt;b&gt;").
+RAW_TEXT = frozenset("script style xmp iframe noembed noframes plaintext".split())
 # Bounds checked before any translation (``qkv.document.formats.check_size`` bounds the bytes).
 MAX_ELEMENTS = 100_000
 MAX_DEPTH = 200
@@ -44,13 +47,19 @@ def _formatter():
         def attributes(self, tag):
             return list(tag.attrs.items())
 
-    return SourceOrder(entity_substitution=HTMLFormatter.REGISTRY["minimal"].entity_substitution, void_element_close_prefix=None)
+    return SourceOrder(entity_substitution=HTMLFormatter.REGISTRY["minimal"].entity_substitution, void_element_close_prefix=None,
+                       cdata_containing_tags=RAW_TEXT)
 
 
 def _kept(tag) -> bool:
     """Whether an element is kept verbatim: its name, ``translate="no"`` or the class ``notranslate``."""
+    return tag.name in VERBATIM or _untranslated(tag)
+
+
+def _untranslated(tag) -> bool:
+    """``translate="no"`` or the class ``notranslate``: the element's text and attributes are kept."""
     classes = tag.get("class") or []
-    return (tag.name in VERBATIM or str(tag.get("translate", "")).lower() == "no"
+    return (str(tag.get("translate", "")).lower() == "no"
             or "notranslate" in (classes if isinstance(classes, list) else str(classes).split()))
 
 
@@ -104,7 +113,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         elif isinstance(node, NavigableString):
             builder.text(str(node))
         elif node.name in VOID or _kept(node):
-            if node.name in VOID:
+            if not _untranslated(node):  # a void's, or a verbatim element's own (<textarea placeholder>, <iframe title>)
                 attributes_of(node)
             builder.void(node, separates=node.name == "br")
         else:
@@ -138,6 +147,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
             run = []
             if isinstance(child, Tag) and not _kept(child):
                 walk(child)
+            elif isinstance(child, Tag) and not _untranslated(child):  # verbatim by name: its text kept, its attributes read
+                attributes_of(child)
         flush(run, node)
 
     walk(soup.body if soup.body is not None else soup)
