@@ -36,7 +36,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="with --sampling: only the nucleus holding this probability")
     p.add_argument("--seed", type=int, default=0, help="with --sampling: a sentence's sample repeats under the same seed")
     p.add_argument("--trace", metavar="TRACE", help="also write the beam search of the --input file's first line, step by step: TRACE.png, .html, .json")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output (and --trace) file that qkv wrote")
     confidence_arg(p, "after each translation, whether to trust it")
     glossary_args(p, report=True)
     p.add_argument("--format", choices=FORMATS,
@@ -164,7 +164,7 @@ def _evaluate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src-file", help="evaluate on your own source file instead of a Multi30k split")
     p.add_argument("--ref-file", help="reference translations for --src-file")
     p.add_argument("--save", help="also write the translations to this file, one line per source line")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --save file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --save file that qkv wrote")
     p.add_argument("--confidence", action="store_true",
                    help="also judge every translation (qkv translate --confidence): print how the confidence ranks "
                         "the sentences as their chrF does (Spearman) and list the flagged lines")
@@ -183,8 +183,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
     # --save never replaces a file the command reads: source, references, glossary (below: the Multi30k split's files).
     inputs, reads = (args.src_file, args.ref_file, args.glossary), read_dirs(args.checkpoint)
-    if args.save:
-        check_output(args.save, force=args.force, inputs=inputs, reads=reads)
+    if args.save:  # a Multi30k split's files are inputs too, known below
+        check_output(args.save, force=args.force, inputs=inputs, reads=reads, provenance=bool(args.src_file))
     # What the (first) checkpoint was trained on decides which test sets fit it, before any model is loaded.
     config = checkpoint.read_config(args.checkpoint[0])
     if args.src_file or args.ref_file:

@@ -101,7 +101,7 @@ def _markup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, help="the source document, with its markup")
     p.add_argument("--input", "-i", help="its translation, the same blocks without inline markup (default: stdin)")
     p.add_argument("--output", "-o", help="write the translation with the markup placed here (default: stdout)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file that qkv wrote")
 
 
 @command("markup", "put a source document's inline markup onto a translation of it (a human one, a post-edit)", _markup_args)

@@ -103,7 +103,7 @@ def _pseudo_terms_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-src", help="training sources (default: the checkpoint's own training data)")
     p.add_argument("--train-tgt", help="training targets, line-aligned with --train-src")
     p.add_argument("--data-dir", help="local Multi30k directory, for a checkpoint trained on Multi30k")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists and qkv wrote it")
 
 
 @command("pseudo-terms", "find pseudo-terms in training pairs with the aligner, for term-aware training (--data term_share)",
@@ -117,7 +117,7 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
     from qkv.inspect.terms import pseudo_terms
 
     inputs, reads = (args.train_src, args.train_tgt), read_dirs([args.checkpoint])
-    check_output(args.out, force=args.force, inputs=inputs, reads=reads)
+    check_output(args.out, force=args.force, inputs=inputs, reads=reads, provenance=bool(args.train_src))  # else the run's files: below
     if bool(args.train_src) != bool(args.train_tgt):
         raise QkvError("give both --train-src and --train-tgt (or neither: the checkpoint's own training data)")
     loaded = checkpoint.load(args.checkpoint)

@@ -88,7 +88,7 @@ def _score_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", "-o", help="write the scores to this file (default: stdout)")
     p.add_argument("--tokens", action="store_true", help="also each target token's log-probability, and the tokens")
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file that qkv wrote")
     bf16_arg(p)
     p.add_argument("--confidence", action="store_true",
                    help="instead of the scores, whether to trust each given translation (from qkv, another engine or a "
@@ -159,7 +159,7 @@ def _align_args(p: argparse.ArgumentParser) -> None:
                                                         "EOS left out) instead of whitespace words")
     p.add_argument("--gold", help="a gold alignment file (one line a pair, i-j sure and ipj possible links, "
                                   "1-based, source first): print the alignment error rate to stderr")
-    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file that qkv wrote")
 
 
 @command("align", "word alignments (cross-attention weights, value norms or ALTI+), one line per sentence pair, in the Pharaoh format", _align_args)
@@ -230,7 +230,7 @@ def _attend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="attention", help="output path without extension: writes OUT.png and OUT.html")
     p.add_argument("--json", help="also write every layer's and head's weights, with the tokens, to this JSON file")
     p.add_argument("--trace", metavar="TRACE", help="also write the beam search, step by step: TRACE.png, TRACE.html, TRACE.json")
-    p.add_argument("--force", action="store_true", help="overwrite existing OUT.png, OUT.html, --json and --trace files")
+    p.add_argument("--force", action="store_true", help="overwrite existing OUT.png, OUT.html, --json and --trace files that qkv wrote")
 
 
 @command("attend", "translate a sentence and draw its attention (PNG and interactive HTML), with a word alignment", _attend_args)

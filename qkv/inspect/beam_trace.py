@@ -165,8 +165,13 @@ def draw_trace(trace: BeamTrace, path: str | Path) -> Path:
         ax.spines[side].set_visible(False)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from qkv.io.outputs import output_file
+
+    try:
+        with output_file(path, force=True, binary=True, provenance=False) as handle:  # whole, and marked as qkv's output
+            fig.savefig(handle, format="png", dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 

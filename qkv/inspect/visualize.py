@@ -266,7 +266,7 @@ def plot_attention(
     fig.tight_layout()
     path = Path(path)
     try:
-        with output_file(path, force=True, binary=True) as handle:  # whole or not at all; a symlink is replaced
+        with output_file(path, force=True, binary=True, provenance=False) as handle:  # whole or not at all; a symlink is replaced
             fig.savefig(handle, format="png", dpi=90)
     finally:
         plt.close(fig)
@@ -358,6 +358,6 @@ def write_html(capture: AttentionCapture, path: str | Path, *, kind: Kind = "cro
         "layer": layer % n_layers,
     }
     path = Path(path)
-    with output_file(path, force=True) as handle:  # whole or not at all; a symlink is replaced, not followed
+    with output_file(path, force=True, provenance=False) as handle:  # whole or not at all; a symlink is replaced, not followed
         handle.write(page)
     return path

@@ -2,8 +2,10 @@
 
 Every command that writes a file the user names (``translate -o``, ``evaluate --save``, ``score -o``,
 ``align -o``, ``attend``'s pictures and ``--json``, traces) goes through ``output_file``: an existing
-file is refused unless the user passed ``--force``; a file that is also an input, or lies inside a
-checkpoint or run the command reads, is always refused (``check_output``); and the new content goes
+file is refused unless the user passed ``--force``, and even then unless qkv wrote it (``output_file``
+marks what it writes with an extended attribute, ``MARK``, and replaces only a file that bears it); a
+file that is also an input (named, or the standard input), a device, a pipe or a socket, or one that lies
+inside a checkpoint or run the command reads, is always refused (``check_output``); and the new content goes
 to an unnamed temporary file in the same directory (Linux's ``O_TMPFILE``; elsewhere a hidden
 ``.NAME.*.tmp``) that is given the target's name only once it is complete. So a crash, a kill or a
 full disk leaves the previous file as it was and no temporary file behind, and a symlink at the
@@ -29,6 +31,7 @@ from typing import IO
 from qkv.errors import QkvError
 
 Source = str | Path | None
+MARK, MARK_VALUE = "user.qkv.output", b"1"  # the extended attribute that tells qkv's outputs from the user's files
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000  # Linux's linkat(2) constants
 
 
@@ -61,10 +64,13 @@ def read_dirs(checkpoints: Iterable[Source]) -> list[Path]:
 
 
 def check_output(
-    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = ()
+    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = (), provenance: bool = True
 ) -> Path:
-    """Refuse to write ``path`` when it is one of ``inputs`` (files), lies inside one of ``reads``
-    (``read_dirs``: the checkpoints and runs the command reads), or exists and ``force`` is False."""
+    """Refuse to write ``path`` when it is one of ``inputs`` (files) or the standard input, not a regular
+    file, lies inside one of ``reads`` (``read_dirs``: the checkpoints and runs the command reads), exists
+    and ``force`` is False, or (with ``provenance``) exists and qkv did not write it. A command that learns
+    more of its inputs later checks early with ``provenance`` False and again with it once it knows them
+    all, so that a file it reads is named as its input."""
     path = Path(path)
     for source in inputs:
         if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
@@ -82,7 +88,24 @@ def check_output(
         raise QkvError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
         raise QkvError(f"{path} exists; pass --force to overwrite it")
+    if provenance and (path.exists() or path.is_symlink()) and not written_by_qkv(path):
+        raise QkvError(f"{path} was not written by qkv (it bears no mark of a qkv output: made by hand or by another "
+                       "program, edited since, or on a file system that keeps no extended attributes): refusing to replace "
+                       "it even with --force; remove it yourself or write to a new name")
     return path
+
+
+def written_by_qkv(path: Path) -> bool:
+    """Whether ``path`` (not followed, if a link) is a regular file that ``output_file`` wrote: it bears
+    ``MARK``, an extended attribute set on the new file before it took its name. A file edited since by a
+    program that writes a new file (most editors), copied without its attributes, or written by anything
+    else, bears none."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return os.getxattr(path, MARK, follow_symlinks=False) == MARK_VALUE
+    except OSError:  # no such attribute, or a file system without them
+        return False
 
 
 def _is_stdin(path: Path) -> bool:
@@ -112,12 +135,15 @@ def _replaceable(path: Path) -> bool:
 
 @contextmanager
 def output_file(
-    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = (), binary: bool = False
+    path: str | Path, *, force: bool, inputs: tuple[Source, ...] = (), reads: Iterable[Path] = (), binary: bool = False,
+    provenance: bool = True,
 ) -> Iterator[IO]:
     """A file to write into that becomes ``path`` when the block ends without an error (text, or
-    bytes with ``binary``); until then ``path`` is untouched and no other name exists."""
-    path = check_output(path, force=force, inputs=inputs, reads=reads)
-    with _replacing(path, binary=binary) as handle:
+    bytes with ``binary``); until then ``path`` is untouched and no other name exists. The file bears
+    ``MARK``. ``check_output`` first (``provenance`` False: a library function told where to write, as
+    ``open`` is; the commands check their outputs before)."""
+    path = check_output(path, force=force, inputs=inputs, reads=reads, provenance=provenance)
+    with _replacing(path, binary=binary, mark=True) as handle:
         yield handle
 
 
@@ -129,14 +155,18 @@ def replace_whole(path: str | Path, data: bytes) -> None:
 
 
 @contextmanager
-def _replacing(path: Path, *, binary: bool) -> Iterator[IO]:
-    """A new unnamed file beside ``path`` that is renamed onto it when the block ends without an error."""
+def _replacing(path: Path, *, binary: bool, mark: bool = False) -> Iterator[IO]:
+    """A new unnamed file beside ``path`` that is renamed onto it when the block ends without an error;
+    with ``mark``, bearing ``MARK`` (where the file system keeps extended attributes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, named = _open_unnamed(path.parent)
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as handle:
             yield handle
             handle.flush()
+            if mark:
+                with contextlib.suppress(OSError):  # no extended attributes here: --force will not replace it
+                    os.setxattr(handle.fileno(), MARK, MARK_VALUE)
             os.fsync(handle.fileno())
             if named is None:
                 named = _link(handle.fileno(), path)
@@ -198,6 +228,8 @@ def _copy_out(fd: int, path: Path) -> str:
         os.lseek(fd, 0, os.SEEK_SET)
         while block := os.read(fd, 1 << 20):
             os.write(out, block)
+        with contextlib.suppress(OSError):  # the mark of qkv's output, where the unnamed file bears it
+            os.setxattr(out, MARK, os.getxattr(fd, MARK))
         os.fsync(out)
     except BaseException:
         os.unlink(name)

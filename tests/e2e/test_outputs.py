@@ -92,24 +92,39 @@ def test_translate_never_replaces_a_pipe_or_a_link_to_one(ckpt, tmp_path):
     assert fifo.is_fifo() and link.is_symlink() and link.resolve() == fifo.resolve()
 
 
-def test_translate_output_over_an_existing_file_needs_force(ckpt, tmp_path):
+def test_translate_output_over_an_existing_file_needs_force_and_replaces_only_what_qkv_wrote(ckpt, tmp_path):
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("A dog runs.\n\nTwo children play.\n", encoding="utf-8")
-    out.write_text("yesterday's translations\n", encoding="utf-8")
+    out.write_text("my own translations\n", encoding="utf-8")  # the user's file
     refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out), "translate", "exists; pass --force")
-    assert out.read_text(encoding="utf-8") == "yesterday's translations\n"
+    refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out, "--force"), "translate",
+            "was not written by qkv")
+    assert out.read_text(encoding="utf-8") == "my own translations\n"
+    out.unlink()
+    first = qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out)  # qkv's own output
+    assert first.returncode == 0, first.stderr
+    refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out), "translate", "exists; pass --force")
+    source.write_text("A cat sleeps.\n", encoding="utf-8")
     result = qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out, "--force")
     assert result.returncode == 0, result.stderr
-    assert out.read_text(encoding="utf-8").count("\n") == 3
+    assert out.read_text(encoding="utf-8").count("\n") == 1  # replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out.de"]  # no temporary file left
+    edited = out.read_text(encoding="utf-8") + "a line of my own\n"
+    out.unlink()
+    out.write_text(edited, encoding="utf-8")  # an editor writes a new file: the user's now
+    refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out, "--force"), "translate",
+            "was not written by qkv")
+    assert out.read_text(encoding="utf-8") == edited
 
 
 def test_a_failed_translation_leaves_the_previous_output_whole(ckpt, tmp_path):
     source, out = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("A dog runs.\n", encoding="utf-8")
+    assert qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out).returncode == 0  # yesterday's
+    yesterday = out.read_bytes()
     source.write_bytes(b"A dog runs.\n\xff not utf-8\n")
-    out.write_text("yesterday's translations\n", encoding="utf-8")
     refused(qkv("translate", "--checkpoint", ckpt, "-i", source, "-o", out, "--force"), "translate", "line 2 is not valid UTF-8")
-    assert out.read_text(encoding="utf-8") == "yesterday's translations\n"
+    assert out.read_bytes() == yesterday
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out.de"]
 
 
@@ -132,8 +147,12 @@ def test_attend_does_not_overwrite_pictures_without_force(ckpt, tmp_path):
     out = str(tmp_path / "attention")
     refused(qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out), "attend", "exists; pass --force")
     assert png.read_bytes() == b"a picture the user drew" and not (tmp_path / "attention.html").exists()
-    assert qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out, "--force").returncode == 0
-    assert png.read_bytes().startswith(b"\x89PNG")
+    refused(qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out, "--force"), "attend", "was not written by qkv")
+    assert png.read_bytes() == b"a picture the user drew" and not (tmp_path / "attention.html").exists()
+    png.unlink()
+    assert qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out).returncode == 0
+    assert qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A cat sleeps.", "--out", out, "--force").returncode == 0  # qkv's own
+    assert png.read_bytes().startswith(b"\x89PNG") and "cat" in (tmp_path / "attention.html").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("kind", ["checkpoint", "run", "user"])
@@ -192,7 +211,11 @@ def test_score_and_align_outputs_keep_the_users_files(ckpt, tmp_path, command):
     refused(qkv(*base, "-o", ref, "--force"), command, "is also the input")
     assert out.read_text(encoding="utf-8") == "my results\n"
     assert ref.read_text(encoding="utf-8") == "Ein Hund rennt.\nZwei Kinder spielen.\n"
-    result = qkv(*base, "-o", out, "--force")
+    refused(qkv(*base, "-o", out, "--force"), command, "was not written by qkv")
+    assert out.read_text(encoding="utf-8") == "my results\n"
+    out.unlink()
+    assert qkv(*base, "-o", out).returncode == 0
+    result = qkv(*base, "-o", out, "--force")  # its own output, replaced
     assert result.returncode == 0, result.stderr
     assert out.read_text(encoding="utf-8").count("\n") == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "ref.de", "src.en"]
@@ -246,15 +269,15 @@ def test_a_trace_of_piped_input_leaves_every_line_to_translate(ckpt, tmp_path):
     assert json.loads((tmp_path / "trace.json").read_text())  # and the trace of line 1
 
 
-def test_pictures_written_with_force_replace_a_symlink_instead_of_following_it(ckpt, tmp_path):
+def test_pictures_written_with_force_neither_follow_nor_replace_a_users_symlink(ckpt, tmp_path):
     precious = tmp_path / "thesis.pdf"
     precious.write_bytes(b"%PDF years of work")
     (tmp_path / "attention.png").symlink_to(precious)
     (tmp_path / "attention.html").symlink_to(precious)
     result = qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", tmp_path / "attention", "--force")
-    assert result.returncode == 0, result.stderr
+    refused(result, "attend", "was not written by qkv")  # a link qkv never writes: the user's
     assert precious.read_bytes() == b"%PDF years of work"
-    assert (tmp_path / "attention.png").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "attention.png").is_symlink()
+    assert (tmp_path / "attention.png").is_symlink() and (tmp_path / "attention.png").resolve() == precious.resolve()
 
 
 def test_a_killed_translation_leaves_no_temporary_file(ckpt, tmp_path):
