@@ -106,6 +106,19 @@ def dates_tsv(tmp_path_factory) -> Path:
     return path
 
 
+def require_marks(directory: Path) -> None:
+    """Skip where ``directory``'s file system keeps no extended attributes: there qkv cannot mark its
+    outputs, so ``--force`` replaces none (``qkv.io.outputs.written_by_qkv``), which other tests check."""
+    probe = directory / ".xattr-probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.qkv.probe", b"1")
+    except OSError:
+        pytest.skip(f"{directory}'s file system keeps no extended attributes: qkv's outputs cannot be marked there")
+    finally:
+        probe.unlink()
+
+
 def snapshot(directory: Path) -> dict[str, bytes]:
     """Every file under ``directory`` (relative path -> bytes): what a test compares before and after a
     command that must leave the directory as it was."""

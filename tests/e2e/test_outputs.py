@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import snapshot
+from conftest import require_marks, snapshot
 
 from qkv.io import checkpoint, manifest
 
@@ -101,6 +101,7 @@ def test_translate_output_over_an_existing_file_needs_force_and_replaces_only_wh
             "was not written by qkv")
     assert out.read_text(encoding="utf-8") == "my own translations\n"
     out.unlink()
+    require_marks(tmp_path)
     first = qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out)  # qkv's own output
     assert first.returncode == 0, first.stderr
     refused(qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out), "translate", "exists; pass --force")
@@ -120,6 +121,7 @@ def test_translate_output_over_an_existing_file_needs_force_and_replaces_only_wh
 def test_a_failed_translation_leaves_the_previous_output_whole(ckpt, tmp_path):
     source, out = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("A dog runs.\n", encoding="utf-8")
+    require_marks(tmp_path)
     assert qkv("translate", "--checkpoint", ckpt, "--beam", "1", "-i", source, "-o", out).returncode == 0  # yesterday's
     yesterday = out.read_bytes()
     source.write_bytes(b"A dog runs.\n\xff not utf-8\n")
@@ -150,6 +152,7 @@ def test_attend_does_not_overwrite_pictures_without_force(ckpt, tmp_path):
     refused(qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out, "--force"), "attend", "was not written by qkv")
     assert png.read_bytes() == b"a picture the user drew" and not (tmp_path / "attention.html").exists()
     png.unlink()
+    require_marks(tmp_path)
     assert qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", out).returncode == 0
     assert qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A cat sleeps.", "--out", out, "--force").returncode == 0  # qkv's own
     assert png.read_bytes().startswith(b"\x89PNG") and "cat" in (tmp_path / "attention.html").read_text(encoding="utf-8")
@@ -214,6 +217,7 @@ def test_score_and_align_outputs_keep_the_users_files(ckpt, tmp_path, command):
     refused(qkv(*base, "-o", out, "--force"), command, "was not written by qkv")
     assert out.read_text(encoding="utf-8") == "my results\n"
     out.unlink()
+    require_marks(tmp_path)
     assert qkv(*base, "-o", out).returncode == 0
     result = qkv(*base, "-o", out, "--force")  # its own output, replaced
     assert result.returncode == 0, result.stderr

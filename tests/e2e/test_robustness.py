@@ -674,9 +674,9 @@ def test_text_over_the_vocabulary_alphabet_round_trips(tokenizer, data):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=40), max_size=6))
 def test_translate_keeps_n_lines_in_n_lines_out(model_dir, tmp_path, lines):
-    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    source, target = tmp_path / "in.txt", tmp_path / f"out-{os.urandom(6).hex()}.txt"  # a new output each example
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    status = main(["translate", "--checkpoint", str(model_dir), "--beam", "1", "--input", str(source), "--output", str(target), "--force"])
+    status = main(["translate", "--checkpoint", str(model_dir), "--beam", "1", "--input", str(source), "--output", str(target)])
     assert status == 0
     out = target.read_text(encoding="utf-8")
     assert out.count("\n") == len(lines) and (out == "" or out.endswith("\n"))
