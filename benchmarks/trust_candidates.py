@@ -120,7 +120,7 @@ def main() -> None:
         below = [v < cut for v in suspect(natural)]
         caught = {k: round(sum(v < cut for v in vs) / len(vs), 4) for k, vs in by_kind.items()}
         report["candidates"][name] = {
-            "cut": round(-sign * cut, 4), "suspect": "below" if sign < 0 else "at or above",
+            "cut": round(-sign * cut, 4), "suspect": "below" if sign < 0 else "above",
             "own_acceptable_flagged": round(sum(v < cut for v in accepted) / len(accepted), 4),
             "made_up_flagged": caught,
             "a_kind_caught_at_min": [k for k, share in caught.items() if k != "correct" and share >= MIN_CAUGHT],

@@ -23,7 +23,7 @@ MAX_BYTES = 5_000_000
 MAX_SEGMENT_WORDS = 2_000
 # Markup of one segment (elements, voids such as <br> and placeholders): each is put back into the document
 # by a tree edit that costs as many steps as the block holds nodes, so a block's writing grows with its
-# markup squared; this bounds it (a second or so).
+# markup squared; this bounds it.
 MAX_SEGMENT_MARKUP = 2_000
 
 

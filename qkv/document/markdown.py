@@ -22,11 +22,11 @@ def _refuse_deeper(md) -> None:
     """Make ``md`` refuse a document nested deeper than ``MAX_NESTING`` blocks. markdown-it drops what lies
     beyond its ``maxNesting`` without a word (the rest of the document with it); a nested call of its block
     tokenizer at that level is where it would, so there this raises."""
-    md.options["maxNesting"] = MAX_NESTING
+    md.options["maxNesting"] = MAX_NESTING + 1  # its own stop comes a level after ours
     tokenize = md.block.tokenize
 
     def bounded(state, start: int, end: int, *args, **kwargs):
-        if state.level >= MAX_NESTING and state.skipEmptyLines(start) < end:
+        if state.level > MAX_NESTING and state.skipEmptyLines(start) < end:
             raise QkvError(f"line {start + 1}: blocks nested more than {MAX_NESTING} deep (a list level counts two); "
                            "qkv translates Markdown up to that depth")
         return tokenize(state, start, end, *args, **kwargs)

@@ -156,11 +156,13 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
     except (ValueError, OverflowError) as error:  # a timing srt matched but cannot hold (minutes past 59, ...)
         raise QkvError(f"not a SubRip file: {error}") from None
     texts = [s.content for s in subtitles]
-    for content in texts:  # a cue that lacks its blank line and number: srt reads the next timing line as text
-        timing = next((line for line in content.splitlines() if _TIMING.match(line)), None)
-        if timing is not None:
-            line = text.splitlines().index(timing) + 1
-            raise QkvError(f"line {line}: a timing line inside a cue's text (a blank line and a cue number missing before it?)")
+    if any(_TIMING.match(line) for content in texts for line in content.splitlines()):
+        # a cue that lacks its blank line and number: srt read the next timing line as text. Its line: the first
+        # timing line that no cue number stands above
+        lines = text.splitlines()
+        n = next((i for i, line in enumerate(lines) if _TIMING.match(line) and not (i and lines[i - 1].strip().isdigit())), None)
+        where = f"line {n + 1}: " if n is not None else ""
+        raise QkvError(f"{where}a timing line inside a cue's text (a blank line and a cue number missing before it?)")
     segments, members, lines = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
 
     def write(placed: list[list], reports=None) -> str:

@@ -31,7 +31,8 @@ from typing import IO
 from qkv.errors import QkvError
 
 Source = str | Path | None
-MARK, MARK_VALUE = "user.qkv.output", b"1"  # the extended attribute that tells qkv's outputs from the user's files
+MARK = "user.qkv.output"  # the extended attribute that tells qkv's outputs from the user's files: "size:mtime_ns"
+_XATTRS = hasattr(os, "setxattr")  # Linux; elsewhere nothing is marked, so --force replaces nothing
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000  # Linux's linkat(2) constants
 
 
@@ -88,24 +89,40 @@ def check_output(
         raise QkvError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
         raise QkvError(f"{path} exists; pass --force to overwrite it")
-    if provenance and (path.exists() or path.is_symlink()) and not written_by_qkv(path):
+    if provenance and path.is_symlink():
+        raise QkvError(f"{path} is a symbolic link: --force replaces only a regular file that qkv wrote; remove the link "
+                       "yourself or write to a new name")
+    if provenance and path.exists() and not written_by_qkv(path):
         raise QkvError(f"{path} was not written by qkv (it bears no mark of a qkv output: made by hand or by another "
-                       "program, edited since, or on a file system that keeps no extended attributes): refusing to replace "
+                       "program, changed since, or on a system or file system where qkv cannot mark files): refusing to replace "
                        "it even with --force; remove it yourself or write to a new name")
     return path
 
 
 def written_by_qkv(path: Path) -> bool:
-    """Whether ``path`` (not followed, if a link) is a regular file that ``output_file`` wrote: it bears
-    ``MARK``, an extended attribute set on the new file before it took its name. A file edited since by a
-    program that writes a new file (most editors), copied without its attributes, or written by anything
-    else, bears none."""
-    if path.is_symlink() or not path.is_file():
+    """Whether ``path`` (not followed, if a link) is a regular file that ``output_file`` wrote and nothing
+    changed since: it bears ``MARK``, an extended attribute set on the new file before it took its name,
+    holding the size and modification time the file had then. A file written by anything else, or copied
+    without its attributes, bears none; one edited since, in place or as a new file, has another size or
+    time."""
+    if not _XATTRS or path.is_symlink() or not path.is_file():
         return False
     try:
-        return os.getxattr(path, MARK, follow_symlinks=False) == MARK_VALUE
+        return os.getxattr(path, MARK, follow_symlinks=False) == _stamp(os.stat(path, follow_symlinks=False))
     except OSError:  # no such attribute, or a file system without them
         return False
+
+
+def _stamp(status: os.stat_result) -> bytes:
+    """What ``MARK`` holds: the file's size and modification time (nanoseconds) when qkv finished it."""
+    return f"{status.st_size}:{status.st_mtime_ns}".encode()
+
+
+def _mark(fd: int) -> None:
+    """Mark the finished file ``fd`` as qkv's output (nothing where the system keeps no extended attributes)."""
+    if _XATTRS:
+        with contextlib.suppress(OSError):
+            os.setxattr(fd, MARK, _stamp(os.fstat(fd)))  # setting an attribute changes no size nor mtime
 
 
 def _is_stdin(path: Path) -> bool:
@@ -143,8 +160,21 @@ def output_file(
     ``MARK``. ``check_output`` first (``provenance`` False: a library function told where to write, as
     ``open`` is; the commands check their outputs before)."""
     path = check_output(path, force=force, inputs=inputs, reads=reads, provenance=provenance)
-    with _replacing(path, binary=binary, mark=True) as handle:
+    before = _identity(path)
+    with _replacing(path, binary=binary, mark=True, expect=before if provenance else _ANY) as handle:
         yield handle
+
+
+_ANY = object()  # _replacing's expect: replace whatever is there
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what ``path`` names (not followed), or None when nothing is there."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def replace_whole(path: str | Path, data: bytes) -> None:
@@ -155,9 +185,12 @@ def replace_whole(path: str | Path, data: bytes) -> None:
 
 
 @contextmanager
-def _replacing(path: Path, *, binary: bool, mark: bool = False) -> Iterator[IO]:
+def _replacing(path: Path, *, binary: bool, mark: bool = False, expect: object = _ANY) -> Iterator[IO]:
     """A new unnamed file beside ``path`` that is renamed onto it when the block ends without an error;
-    with ``mark``, bearing ``MARK`` (where the file system keeps extended attributes)."""
+    with ``mark``, bearing ``MARK`` (where the file system keeps extended attributes). ``expect``: what
+    ``path`` was when the output was checked (``_identity``): None, and the new file takes the name only
+    if it is still free (a link, which never replaces); a file, and it is replaced only if it is still
+    that file and still qkv's. Something else there by then (a long translation gives time) is an error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, named = _open_unnamed(path.parent)
     try:
@@ -165,12 +198,22 @@ def _replacing(path: Path, *, binary: bool, mark: bool = False) -> Iterator[IO]:
             yield handle
             handle.flush()
             if mark:
-                with contextlib.suppress(OSError):  # no extended attributes here: --force will not replace it
-                    os.setxattr(handle.fileno(), MARK, MARK_VALUE)
+                _mark(handle.fileno())
             os.fsync(handle.fileno())
             if named is None:
                 named = _link(handle.fileno(), path)
-        os.replace(named, path)
+        if expect is _ANY:
+            os.replace(named, path)
+        elif expect is None:
+            try:
+                os.link(named, path)  # fails if anything took the name meanwhile
+            except FileExistsError:
+                raise QkvError(f"{path} appeared while qkv was writing it: kept as it is, nothing written") from None
+            os.unlink(named)
+        else:
+            if _identity(path) != expect or not written_by_qkv(path):
+                raise QkvError(f"{path} changed while qkv was writing it: kept as it is, nothing written")
+            os.replace(named, path)
     except BaseException:
         if named is not None:
             Path(named).unlink(missing_ok=True)
@@ -228,8 +271,10 @@ def _copy_out(fd: int, path: Path) -> str:
         os.lseek(fd, 0, os.SEEK_SET)
         while block := os.read(fd, 1 << 20):
             os.write(out, block)
-        with contextlib.suppress(OSError):  # the mark of qkv's output, where the unnamed file bears it
-            os.setxattr(out, MARK, os.getxattr(fd, MARK))
+        if _XATTRS:
+            with contextlib.suppress(OSError):  # the mark of qkv's output, where the unnamed file bears it
+                os.getxattr(fd, MARK)
+                _mark(out)  # its own size and time
         os.fsync(out)
     except BaseException:
         os.unlink(name)
