@@ -367,3 +367,20 @@ def test_no_output_replaces_a_file_the_command_reads(ckpt, tmp_path, capsys):
     manifest.write(run)
     refused_here(["pseudo-terms", "--checkpoint", run, "--out", pairs_tgt, "--force"], f"{pairs_tgt} is also the input")
     assert pairs_tgt.read_text(encoding="utf-8") == "Ein Hund rennt.\n"
+
+
+def test_force_replaces_qkvs_own_trace_json_and_saved_translations(ckpt, tmp_path):
+    """Each output a command writes is marked, so the same command again with --force replaces it all."""
+    require_marks(tmp_path)
+    src, ref = tmp_path / "test.en", tmp_path / "test.de"
+    src.write_text("A dog runs.\n", encoding="utf-8")
+    ref.write_text("Ein Hund rennt.\n", encoding="utf-8")
+    for force in ((), ("--force",)):
+        trace = qkv("translate", "--checkpoint", ckpt, "--beam", "2", "-i", src, "--trace", tmp_path / "trace", *force)
+        assert trace.returncode == 0, trace.stderr
+        saved = qkv("evaluate", "--checkpoint", ckpt, "--beam", "1", "--src-file", src, "--ref-file", ref, "--save", tmp_path / "hyp.de", *force)
+        assert saved.returncode == 0, saved.stderr
+        drawn = qkv("attend", "--checkpoint", ckpt, "--beam", "1", "A dog runs.", "--out", tmp_path / "attention", "--json", tmp_path / "a.json", *force)
+        assert drawn.returncode == 0, drawn.stderr
+    assert {p.name for p in tmp_path.iterdir()} == {"test.en", "test.de", "trace.png", "trace.html", "trace.json", "hyp.de",
+                                                   "attention.png", "attention.html", "a.json"}
