@@ -120,10 +120,10 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
     check_output(args.out, force=args.force, inputs=inputs, reads=reads, provenance=bool(args.train_src))  # else the run's files: below
     if bool(args.train_src) != bool(args.train_tgt):
         raise QkvError("give both --train-src and --train-tgt (or neither: the checkpoint's own training data)")
-    loaded = checkpoint.load(args.checkpoint)
     if args.train_src:
         from qkv.data.corpus import read_parallel
 
+        loaded = checkpoint.load(args.checkpoint)
         corpus = read_parallel(args.train_src, args.train_tgt, keep_empty=True)
         sources, targets = corpus.src, corpus.tgt
     else:
@@ -132,16 +132,18 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
         from qkv.model.config import ConfigError, config_from_dict
         from qkv.train.recipes import DataConfig, data_files, load_corpora
 
-        try:
-            data = config_from_dict(DataConfig, loaded.config.get("data") or {})
+        try:  # what it was trained on, from its config: the output is checked before the model is loaded
+            data = config_from_dict(DataConfig, checkpoint.read_config(args.checkpoint).get("data") or {})
         except ConfigError as error:
-            raise QkvError(f"{loaded.path} does not say what it was trained on ({error}): give --train-src and --train-tgt") from None
+            raise QkvError(f"{checkpoint.resolve(args.checkpoint)} does not say what it was trained on ({error}): give "
+                           "--train-src and --train-tgt") from None
         if data.corpus == "prepared":
             raise QkvError("a prepared corpus holds token ids, not text: give --train-src and --train-tgt")
         if args.data_dir:
             data = dataclasses.replace(data, data_dir=args.data_dir)
         inputs = tuple(data_files(data).values())  # --out never replaces the training data it reads
         check_output(args.out, force=args.force, inputs=inputs, reads=reads)
+        loaded = checkpoint.load(args.checkpoint)
         train, _ = load_corpora(data)
         sources, targets = train.src, train.tgt
     started = time.perf_counter()
