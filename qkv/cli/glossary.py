@@ -120,19 +120,13 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
     check_output(args.out, force=args.force, inputs=inputs, reads=reads, provenance=bool(args.train_src))  # else the run's files: below
     if bool(args.train_src) != bool(args.train_tgt):
         raise QkvError("give both --train-src and --train-tgt (or neither: the checkpoint's own training data)")
-    if args.train_src:
-        from qkv.data.corpus import read_parallel
-
-        loaded = checkpoint.load(args.checkpoint)
-        corpus = read_parallel(args.train_src, args.train_tgt, keep_empty=True)
-        sources, targets = corpus.src, corpus.tgt
-    else:
+    if not args.train_src:  # the checkpoint's own training data, from its config: the output checked before loading
         import dataclasses
 
         from qkv.model.config import ConfigError, config_from_dict
-        from qkv.train.recipes import DataConfig, data_files, load_corpora
+        from qkv.train.recipes import DataConfig, data_files
 
-        try:  # what it was trained on, from its config: the output is checked before the model is loaded
+        try:
             data = config_from_dict(DataConfig, checkpoint.read_config(args.checkpoint).get("data") or {})
         except ConfigError as error:
             raise QkvError(f"{checkpoint.resolve(args.checkpoint)} does not say what it was trained on ({error}): give "
@@ -143,7 +137,15 @@ def pseudo_terms_command(args: argparse.Namespace) -> int:
             data = dataclasses.replace(data, data_dir=args.data_dir)
         inputs = tuple(data_files(data).values())  # --out never replaces the training data it reads
         check_output(args.out, force=args.force, inputs=inputs, reads=reads)
-        loaded = checkpoint.load(args.checkpoint)
+    loaded = checkpoint.load(args.checkpoint)
+    if args.train_src:
+        from qkv.data.corpus import read_parallel
+
+        corpus = read_parallel(args.train_src, args.train_tgt, keep_empty=True)
+        sources, targets = corpus.src, corpus.tgt
+    else:
+        from qkv.train.recipes import load_corpora
+
         train, _ = load_corpora(data)
         sources, targets = train.src, train.tgt
     started = time.perf_counter()

@@ -22,8 +22,9 @@ _NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
 MAX_NPLURALS = 10  # gettext's languages need at most 6 plural forms; each is a segment to translate
 # A line that holds a string: a keyword and its string, or a continuation string (behind "#~" in an obsolete
 # entry, "#|" in a previous msgid, "#~|" in both).
-_KEYWORD = re.compile(r'\s*(?:#~?\|?\s*)?(?:msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*"')
-_STRING = re.compile(r'\s*(?:#~?\|?\s*)?(?:msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*"((?:[^"\\]|\\.)*)"\s*')
+_OPENING = r'\s*(?:#~?\|?\s*)?(?:msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*"'
+_KEYWORD = re.compile(_OPENING)
+_STRING = re.compile(_OPENING + r'((?:[^"\\]|\\.)*)"\s*')
 _ESCAPE = re.compile(r"\\([0-7]{1,3}|x[0-9A-Fa-f]+|.)")
 _KEPT_ESCAPES = set('\\tnrvbf"')  # what polib reads (polib.unescape); msgfmt also reads \a, octal and hex
 
@@ -82,17 +83,18 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
         raise QkvError(f"{where}not a gettext catalogue ({str(error).strip()})") from None
     _check_strings(text)
     _check_complete(text, po)
-    segments, slots = [], []  # slot: (entry, plural index or None, [(lead, trail) of each line])
+    segments, slots = [], []  # slot: (entry, plural index or None, [(lead, trail, segment index, what follows) a piece])
 
     def add(entry, plural, text: str, where: str) -> None:
-        pieces = []  # each line of a message, and each tab-separated cell of a line, a segment: (lead, trail, segment, what follows)
-        for line in text.split("\n"):
-            for cell in line.split("\t"):  # a tab is layout the program relies on ("Name:\t%s"): kept
+        pieces = []  # each line of a message, and each tab-separated cell of a line, a segment
+        lines = text.split("\n")
+        for i, line in enumerate(lines):
+            cells = line.split("\t")  # a tab is layout the program relies on ("Name:\t%s"): kept
+            for j, cell in enumerate(cells):
                 segment, lead, trail = plain_segment(cell, where)
-                pieces.append((lead, trail, len(segments), "\t"))
+                after = "\t" if j < len(cells) - 1 else "\n" if i < len(lines) - 1 else ""
+                pieces.append((lead, trail, len(segments), after))
                 segments.append(segment)
-            pieces[-1] = pieces[-1][:3] + ("\n",)
-        pieces[-1] = pieces[-1][:3] + ("",)
         slots.append((entry, plural, pieces))
 
     plural_count = None

@@ -164,15 +164,9 @@ def draw_trace(trace: BeamTrace, path: str | Path) -> Path:
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.tight_layout()
-    path = Path(path)
-    from qkv.io.outputs import output_file
+    from qkv.inspect.visualize import save_png
 
-    try:
-        with output_file(path, force=True, binary=True, provenance=False) as handle:  # whole, and marked as qkv's output
-            fig.savefig(handle, format="png", dpi=120)
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=120)
 
 
 def trace_html(trace: BeamTrace) -> str:

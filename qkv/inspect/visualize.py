@@ -264,10 +264,19 @@ def plot_attention(
     layer_no = layer % n_layers + 1
     fig.suptitle(f"{label}, layer {layer_no} of {n_layers}\n{capture.source}  ->  {capture.translation}", fontsize=11)
     fig.tight_layout()
+    return save_png(fig, path, dpi=90)
+
+
+def save_png(fig, path: str | Path, *, dpi: int) -> Path:
+    """Write a matplotlib figure to ``path`` as PNG, whole or not at all and marked as qkv's output
+    (``qkv.io.outputs.output_file``; a symlink is replaced, not followed; the commands check their
+    outputs before), then close it."""
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     try:
-        with output_file(path, force=True, binary=True, provenance=False) as handle:  # whole or not at all; a symlink is replaced
-            fig.savefig(handle, format="png", dpi=90)
+        with output_file(path, force=True, binary=True, provenance=False) as handle:
+            fig.savefig(handle, format="png", dpi=dpi)
     finally:
         plt.close(fig)
     return path

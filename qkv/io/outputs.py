@@ -128,10 +128,9 @@ def _mark(fd: int) -> None:
 def _is_stdin(path: Path) -> bool:
     """True when the standard input is ``path`` itself (``cmd -o F < F``), which replacing would destroy."""
     try:
-        here, there = os.fstat(sys.stdin.fileno()), os.stat(path)
+        return os.path.samestat(os.fstat(sys.stdin.fileno()), os.stat(path))
     except (OSError, ValueError, AttributeError):  # no standard input, or one without a descriptor
         return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _replaceable(path: Path) -> bool:
