@@ -25,24 +25,19 @@ natural set.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.trust import read_natural
-from benchmarks.trust_reverse import HALLUCINATION, lowest_share
-from qkv.cli.common import LOOP_GUARD
+from benchmarks.trust_reverse import HALLUCINATION, lowest_share, own_val_translations
+from benchmarks.trust_signals import mean_logprobs
 from qkv.data.corpus import collate
-from qkv.infer.bleu import sentence_chrf
-from qkv.infer.search import DecodeConfig
-from qkv.infer.translator import Translator
 from qkv.inspect.calibrate import (
-    ACCEPTABLE, KINDS, MAX_FALSE_ALARMS, MAX_FALSE_REFERENCES, MIN_CAUGHT, provoking_pairs, roc_auc, synthetic_pairs,
+    KINDS, MAX_FALSE_ALARMS, MAX_FALSE_REFERENCES, MIN_CAUGHT, provoking_pairs, roc_auc, synthetic_pairs,
 )
 from qkv.inspect.trust import assess, calibration_of
 from qkv.io import checkpoint
@@ -56,25 +51,22 @@ def candidates(model, tok, sources: list[str], translations: list[str], batch: i
     """Each pair's ``contrast`` and ``alignment_entropy`` (module docstring)."""
     model.eval()
     limit = model.config.max_len - 1  # as qkv.inspect.trust.assess reads the pairs
+    src_ids = [tok.encode(s)[:limit] for s in sources]
+    tgt_ids = [tok.encode_target(t)[:limit] for t in translations]
+    given = mean_logprobs(model, tok, src_ids, tgt_ids, batch)
+    alone = mean_logprobs(model, tok, [[] for _ in src_ids], tgt_ids, batch)  # the decoder without a source
     out = []
-    for k in range(0, len(sources), batch):
-        src_ids = [tok.encode(s)[:limit] for s in sources[k:k + batch]]
-        tgt_ids = [tok.encode_target(t)[:limit] for t in translations[k:k + batch]]
-        n_tgt = torch.tensor([len(t) + 1 for t in tgt_ids])  # (B,): EOS included
-        n_src = torch.tensor([len(s) + 1 for s in src_ids])
-        mean_lp = []
-        for ids in (src_ids, [[] for _ in src_ids]):  # the source, then none
-            src, tgt_in, tgt_out = collate(ids, tgt_ids, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)  # (B, S), (B, T), (B, T)
-            logp = model(src, tgt_in).float().log_softmax(-1).gather(-1, tgt_out[..., None])[..., 0]  # (B, T)
-            real = (tgt_out != tok.pad_id).float()
-            mean_lp.append((logp * real).sum(1) / real.sum(1))
-            if ids is src_ids:
-                memory, _, _ = model.encode(src)  # (B, S, D)
-                weights = model.alignment_head(tgt_in, memory, src != tok.pad_id).float()  # (B, T, S)
+    for k in range(0, len(src_ids), batch):
+        src, tgt_in, _ = collate(src_ids[k:k + batch], tgt_ids[k:k + batch], pad_id=tok.pad_id, bos_id=tok.bos_id,
+                                 eos_id=tok.eos_id)  # (B, S), (B, T)
+        memory, _, _ = model.encode(src)  # (B, S, D)
+        weights = model.alignment_head(tgt_in, memory, src != tok.pad_id).float()  # (B, T, S)
         entropy = -(weights.clamp_min(1e-12).log() * weights).sum(-1)  # (B, T); padding columns hold 0
-        for b in range(len(src_ids)):
-            rows = entropy[b, : n_tgt[b] - 1] / math.log(max(2, int(n_src[b])))  # the target tokens, EOS's row left out
-            out.append({"contrast": float(mean_lp[0][b] - mean_lp[1][b]), "alignment_entropy": float(rows.mean())})
+        for b, (s, t) in enumerate(zip(src_ids[k:k + batch], tgt_ids[k:k + batch])):
+            rows = entropy[b, : len(t)] / math.log(max(2, len(s) + 1))  # the target tokens, EOS's row left out
+            out.append({"alignment_entropy": float(rows.mean())})
+    for values, g, a in zip(out, given, alone):
+        values["contrast"] = g - a
     return out
 
 
@@ -89,16 +81,8 @@ def main() -> None:
     model, tok = loaded.model, loaded.tokenizer
     if model.config.alignment_layer is None:
         parser.error(f"{args.checkpoint} has no alignment head")
-    read = lambda split, lang: gzip.open(Path(args.data_dir) / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
-    src, ref = read("val", "en"), read("val", "de")
-    keep = [i for i, (s, r) in enumerate(zip(src, ref)) if s.strip() and r.strip()]
-    src, ref = [src[i] for i in keep], [ref[i] for i in keep]
-    joined_src, joined_ref = provoking_pairs(src, ref)
-    # The own translations as qkv calibrate makes them: the checkpoint's settings and the loop guard, the joined pairs without it.
-    config = replace(DecodeConfig(**model.decode_defaults), loop_guard=LOOP_GUARD)
-    own = (Translator(model, tok, config).translate(src)
-           + Translator(model, tok, replace(config, loop_guard=0)).translate(joined_src))
-    good = [c >= ACCEPTABLE for c in sentence_chrf(own, ref + joined_ref)]
+    src, ref, own, good = own_val_translations(model, tok, Path(args.data_dir))
+    joined_src, _ = provoking_pairs(src, ref)
     own_values = candidates(model, tok, src + joined_src, own)
     made = synthetic_pairs(src, ref)
     made_values = candidates(model, tok, [s for _, s, _ in made], [t for _, _, t in made])

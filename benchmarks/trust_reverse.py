@@ -47,6 +47,22 @@ def lowest_share(values: list[float], share: float) -> float:
     return ordered[int(share * len(ordered))]
 
 
+def own_val_translations(model, tok, data_dir: Path) -> tuple[list[str], list[str], list[str], list[bool]]:
+    """Multi30k val's non-empty pairs, the model's own translations of them and of their joined pairs as
+    ``qkv calibrate`` makes them (the checkpoint's settings and the loop guard; the joined pairs without it),
+    and which translations are acceptable: (sources, references, translations, acceptable)."""
+    read = lambda split, lang: gzip.open(data_dir / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
+    src, ref = read("val", "en"), read("val", "de")
+    keep = [i for i, (s, r) in enumerate(zip(src, ref)) if s.strip() and r.strip()]
+    src, ref = [src[i] for i in keep], [ref[i] for i in keep]
+    joined_src, joined_ref = provoking_pairs(src, ref)
+    config = replace(DecodeConfig(**model.decode_defaults), loop_guard=LOOP_GUARD)
+    own = (Translator(model, tok, config).translate(src)
+           + Translator(model, tok, replace(config, loop_guard=0)).translate(joined_src))
+    good = [c >= ACCEPTABLE for c in sentence_chrf(own, ref + joined_ref)]
+    return src, ref, own, good
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the forward (En->De) model")
@@ -56,17 +72,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     forward, reverse = checkpoint.load(args.checkpoint), checkpoint.load(args.reverse)
-    read = lambda split, lang: gzip.open(Path(args.data_dir) / f"{split}.{lang}.gz", "rt", encoding="utf-8").read().splitlines()  # noqa: E731
-    src, ref = read("val", "en"), read("val", "de")
-    keep = [i for i, (s, r) in enumerate(zip(src, ref)) if s.strip() and r.strip()]
-    src, ref = [src[i] for i in keep], [ref[i] for i in keep]
-    joined_src, joined_ref = provoking_pairs(src, ref)
-    # The own translations as qkv calibrate makes them: the checkpoint's settings and the loop guard,
-    # the joined pairs without it.
-    config = replace(DecodeConfig(**forward.model.decode_defaults), loop_guard=LOOP_GUARD)
-    own = (Translator(forward.model, forward.tokenizer, config).translate(src)
-           + Translator(forward.model, forward.tokenizer, replace(config, loop_guard=0)).translate(joined_src))
-    good = [c >= ACCEPTABLE for c in sentence_chrf(own, ref + joined_ref)]
+    src, ref, own, good = own_val_translations(forward.model, forward.tokenizer, Path(args.data_dir))
+    joined_src, _ = provoking_pairs(src, ref)
     own_scores = reverse_scores(reverse, src + joined_src, own)
     made = synthetic_pairs(src, ref)
     made_scores = reverse_scores(reverse, [s for _, s, _ in made], [t for _, _, t in made])
