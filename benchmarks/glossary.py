@@ -44,7 +44,7 @@ from qkv.cli.common import LOOP_GUARD
 from qkv.infer.bleu import score
 from qkv.infer.search import DecodeConfig
 from qkv.infer.glossary import Glossary, Term
-from qkv.infer.terms import translate_with_glossary
+from qkv.inspect.terms import translate_with_glossary  # as qkv translate --glossary runs it
 from qkv.infer.translator import Translator
 from qkv.inspect.terms import alignment_substitution, place
 from qkv.io import checkpoint
@@ -131,7 +131,9 @@ def run_rows(translator: Translator, model, records: list[dict], repeats: int,
     glossaries = [Glossary.from_pairs(r["terms"]) for r in records]
     empty = [Glossary([]) for _ in records]
     rows = {}
-    mend = alignment_substitution(model, translator.tokenizer)
+    # "head": as qkv translate --glossary mends, by the translator's model's alignment head, reading the
+    # first search's encoder outputs (None where the model has no head: the row is then the search's)
+    mend = "head" if alignment_substitution(model, translator.tokenizer) is not None else None
     for row, glossary, always, align in (("none", empty, False, None), ("glossary", glossaries, False, mend),
                                          ("search", glossaries, False, None), ("always", glossaries, True, None)):
         if row not in which:

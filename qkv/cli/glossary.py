@@ -55,12 +55,17 @@ def aligner(args: argparse.Namespace, model, tokenizer):
 def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=None):
     """For ``translate_stream``: input lines -> output lines, translated with the glossary (and with
     --glossary-report, as JSON; with --confidence, annotated as without a glossary)."""
+    import contextlib
+
+    from qkv.infer.encodings import kept_encodings
     from qkv.inspect.terms import translate_with_glossary  # mends by the model's alignment head
 
     place = aligner(args, translator.model, translator.tokenizer) if getattr(args, "glossary_report", False) else None
 
     def write(lines: list[str]) -> list[str]:
-        results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always)
+        encodings = None if annotate is None else kept_encodings(translator, getattr(annotate, "model", None))
+        with encodings or contextlib.nullcontext():  # the trust pass reads the searches' encoder outputs
+            results = translate_with_glossary(translator, lines, glossary, always=args.glossary_always)
         texts = [" ".join(r.text.splitlines()) for r in results]
         if place is not None:
             place(results)
@@ -68,7 +73,8 @@ def glossary_writer(args: argparse.Namespace, translator, glossary, annotate=Non
         if annotate is None:
             return texts
         # judged as without a glossary: each sentence as the model read it, against its output before recasing
-        return annotate([r.sources for r in results], [r.outputs for r in results], texts)
+        return annotate([r.sources for r in results], [r.outputs for r in results], texts,
+                        encodings.encode if encodings is not None else None)
 
     return write
 

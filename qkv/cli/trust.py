@@ -54,11 +54,14 @@ def annotator(args: argparse.Namespace, model, tokenizer):
 
     model, tokenizer, calibration = trust_model(args, model, tokenizer)
 
-    def annotate(sources: list[list[str]], translations: list[list[str]], texts: list[str]) -> list[str]:
-        # the tab-separated columns print no word: the light pass where the calibration allows (assess)
-        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration, words=args.confidence == "json")
+    def annotate(sources: list[list[str]], translations: list[list[str]], texts: list[str], encode=None) -> list[str]:
+        # the tab-separated columns print no word: the light pass where the calibration allows (assess),
+        # reading the search's encoder outputs (encode) where the search ran this model in this process
+        trusts = assess_lines(model, tokenizer, sources, translations, calibration=calibration, words=args.confidence == "json",
+                              encode=encode)
         return [format_line(text, trust, args.confidence) for text, trust in zip(texts, trusts)]
 
+    annotate.model = model  # type: ignore[attr-defined]  # the model it judges with (encoder outputs of its searches fit)
     return annotate
 
 

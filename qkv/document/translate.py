@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +21,7 @@ from qkv.errors import QkvError
 from qkv.document.formats import read
 from qkv.document.placement import fallback_weights, place
 from qkv.document.segments import Document, Segment
+from qkv.infer.encodings import kept_encodings
 
 
 @dataclass
@@ -90,48 +90,6 @@ def segment_weights(source_text: str, target_text: str, sentences: list[str], ou
     return weights
 
 
-class Encodings:
-    """The encoder outputs a search in this process computed, kept by source sentence while it runs, so
-    that the alignment pass does not encode the same sentences again (``encode``: ``model.encode`` for a
-    batch, from what was kept where every sentence of it was, else computed). Hooks on the model's source
-    embedding (its input: the batch) and final encoder norm (its output: the memory), removed on exit;
-    they read only the passes of the thread that made it (a server's batcher searches the same model beside it)."""
-
-    def __init__(self, model, pad_id: int) -> None:
-        self.model, self.pad_id, self.kept, self.src, self.hooks = model, pad_id, {}, None, []
-        self.thread = threading.get_ident()  # the thread that searches with it (its hooks see every thread's)
-
-    def __enter__(self) -> Encodings:
-        self.hooks = [self.model.src_embed.register_forward_pre_hook(self._source),
-                      self.model.encoder_norm.register_forward_hook(self._memory)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for hook in self.hooks:
-            hook.remove()
-
-    def _source(self, module, args) -> None:
-        if threading.get_ident() != self.thread:
-            return
-        self.src = args[0]  # (B, S); a tied embedding also sees target tokens, after the encoder's norm
-
-    def _memory(self, module, args, output) -> None:
-        if threading.get_ident() != self.thread or self.src is None or self.src.shape != output.shape[:2]:
-            return
-        for b in range(self.src.size(0)):
-            ids = self.src[b][self.src[b] != self.pad_id]
-            self.kept[tuple(ids.tolist())] = output[b, : ids.numel()]  # (S_b, D), EOS included
-
-    def encode(self, src):
-        rows = [self.kept.get(tuple(row[row != self.pad_id].tolist())) for row in src]
-        if any(r is None for r in rows):
-            return self.model.encode(src)
-        memory = rows[0].new_zeros(src.size(0), src.size(1), rows[0].size(-1))  # (B, S, D), padding zero (masked)
-        for b, r in enumerate(rows):
-            memory[b, : r.size(0)] = r
-        return memory, src != self.pad_id, []
-
-
 def _alignments(model, tokenizer, sentences: list[list[str]], outputs: list[list[str]], encode=None) -> list[list]:
     """Each line's sentence matrices, read in one batched pass."""
     from qkv.inspect.align import word_weight_matrices
@@ -166,7 +124,7 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
     unique = list(dict.fromkeys(s.text for s in segments if s.text.strip()))
     model = model if model is not None else alignment_model(translator)
     # The search's own encoder outputs, where it runs here on the model that aligns (not in workers, not CTranslate2)
-    encodings = Encodings(model, translator.tokenizer.pad_id) if getattr(translator, "model", None) is model else None
+    encodings = kept_encodings(translator, model)
     with encodings if encodings is not None else contextlib.nullcontext():
         if glossary is not None:
             from qkv.inspect.terms import translate_with_glossary  # mends by the model's alignment head

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, length_penalty, max_output_length, repeated_ngram_ban
+from qkv.infer.search import (
+    DecodeConfig, Hypothesis, SearchModel, beam_candidates, block_argmax, length_penalty, max_output_length, repeated_ngram_ban,
+)
 
 Constraints = list[list[list[int]]]  # constraint -> form -> target ids
 
@@ -130,30 +132,34 @@ def constrained_beam_search(
             log_probs[:, list(suppress)] = float("-inf")
         b, V = len(alive), log_probs.size(-1)
         base = torch.tensor([[beam.score for beam in beams[s]] for s in alive], device=device)  # (b, k)
-        scores = (base.view(-1, 1) + log_probs).view(b, k, V)  # (b, k, V) total log-probability of each extension
+        log_probs = log_probs.view(b, k, V)  # an extension's total log-probability is base + log_probs, never formed whole
         unmet = [(r, j) for r, s in enumerate(alive) for j, beam in enumerate(beams[s]) if not all(_met_at_end(beam, constraints[s]))]
         if unmet:
             rows, slots = zip(*unmet)
-            scores[list(rows), list(slots), eos_id] = float("-inf")  # EOS only once every constraint is met
-        free = scores  # (b, k, V) the same with repeated n-grams banned: a term's own tokens are exempt (below)
+            log_probs[list(rows), list(slots), eos_id] = float("-inf")  # EOS only once every constraint is met
+        free = log_probs  # (b, k, V) the same with repeated n-grams banned: a term's own tokens are exempt (below)
         if config.no_repeat_ngram_size and step >= config.no_repeat_ngram_size:
             history = torch.tensor([beam.tokens for s in alive for beam in beams[s]], device=device)  # (b*k, step)
-            free = scores + repeated_ngram_ban(history, config.no_repeat_ngram_size, V).view(b, k, V)
-        top = free.view(b, k * V).topk(min(2 * K, k * V), dim=-1).indices.tolist()  # (b, 2K)
-        best = free.argmax(dim=-1).tolist()  # (b, k)
+            free = log_probs + repeated_ngram_ban(history, config.no_repeat_ngram_size, V).view(b, k, V)
+        # The 2K best extensions of each sentence and each beam's best token, by blocks of the vocabulary
+        # (beam_candidates, block_argmax: the same as a topk and an argmax over all of them)
+        _, top_beam, top_token = beam_candidates(base, free, min(2 * K, k * V))  # (b, 2K) each
+        top = list(zip(top_beam.tolist(), top_token.tolist()))
+        best = block_argmax(free.view(b * k, V)).view(b, k).tolist()  # (b, k)
         wanted, forced = [], []  # per row group: the (beam, token) candidates; those that write a term
         for r, s in enumerate(alive):
-            pairs = {(i // V, i % V) for i in top[r]} | {(j, t) for j, t in enumerate(best[r])}
+            pairs = set(zip(*top[r])) | {(j, t) for j, t in enumerate(best[r])}
             terms = {(j, t) for j, beam in enumerate(beams[s]) for t in _next_tokens(beam, constraints[s])}
             wanted.append(sorted(pairs | terms))
             forced.append(terms)
         flat_r = [r for r, pairs in enumerate(wanted) for _ in pairs]
         flat_j, flat_t = [j for pairs in wanted for j, _ in pairs], [t for pairs in wanted for _, t in pairs]
-        values = free[flat_r, flat_j, flat_t].tolist()
-        if free is not scores:  # a token that writes a term is not banned as a repeat: the term asked for it
+        values = (base[flat_r, flat_j] + free[flat_r, flat_j, flat_t]).tolist()
+        if free is not log_probs:  # a token that writes a term is not banned as a repeat: the term asked for it
             exempt = [i for i, (r, j, t) in enumerate(zip(flat_r, flat_j, flat_t)) if (j, t) in forced[r]]
             if exempt:
-                kept = scores[[flat_r[i] for i in exempt], [flat_j[i] for i in exempt], [flat_t[i] for i in exempt]].tolist()
+                at_r, at_j, at_t = [flat_r[i] for i in exempt], [flat_j[i] for i in exempt], [flat_t[i] for i in exempt]
+                kept = (base[at_r, at_j] + log_probs[at_r, at_j, at_t]).tolist()
                 for i, v in zip(exempt, kept):
                     values[i] = v
         at = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import warnings
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.io import checkpoint
+from qkv.infer.encodings import kept_encodings
 from qkv.infer.loop_guard import number_pieces
 from qkv.infer.search import DecodeConfig, Hypothesis, SearchModel, length_penalty, search
 from qkv.data.sentences import Line, TextOptions, prepare_line
@@ -313,9 +315,12 @@ def _write_translations(translator: Translator, lines: list[str], sink, n_best: 
         sink.flush()
         return
     if annotate is not None:  # the trust pass judges what the model read and wrote, sentence by sentence
-        done = translator.translate_lines(lines)
+        encodings = kept_encodings(translator, getattr(annotate, "model", None))
+        with encodings or contextlib.nullcontext():
+            done = translator.translate_lines(lines)
         texts = [" ".join(line.text.splitlines()) for line in done]
-        sink.writelines(line + "\n" for line in annotate([d.sentences for d in done], [d.outputs for d in done], texts))
+        encode = encodings.encode if encodings is not None else None
+        sink.writelines(line + "\n" for line in annotate([d.sentences for d in done], [d.outputs for d in done], texts, encode))
         sink.flush()
         return
     results = translator.translate_nbest(lines)

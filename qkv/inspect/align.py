@@ -75,7 +75,7 @@ def default_reading(config) -> tuple[str, int, int | None]:
 def align(
     model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str] | None = None, *,
     layer: int | None = None, head: int | None = None, config: DecodeConfig | None = None, max_tokens: int = 4096,
-    pieces: bool = False, method: str | None = None, row: str = DEFAULT_ROW, link: str | None = None,
+    pieces: bool = False, method: str | None = None, row: str = DEFAULT_ROW, link: str | None = None, encode=None,
 ) -> list[list[tuple[int, int]]]:
     """Pharaoh pairs (source word, target word) for each line, in input order.
 
@@ -86,6 +86,8 @@ def align(
     ``layer``: a Python index over the decoder layers (None: ``default_layer``); ``head``: one head, 0-based, or None for the mean over heads (``attention``
     and ``norm`` only). ``pieces``: pairs of piece indices (``tokenizer.pieces`` of the encoded
     source and target, EOS left out) instead of words. An empty source or target gives no pairs.
+    ``encode``: in place of ``model.encode`` (``qkv.infer.encodings.Encodings.encode``: the encoder
+    outputs of the search that made the targets).
     """
     if method is None:
         method, default_at, default_head = default_reading(model.config)
@@ -118,7 +120,8 @@ def align(
             warnings.warn(f"a target longer than the model's {limit} positions was cut to fit; its words past them are not aligned", stacklevel=2)
         tgt_ids = [ids[:limit] for ids in tgt_ids]
     results: list[list[tuple[int, int]]] = [[] for _ in sources]
-    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, row, max_tokens):
+    for i, w, src_pieces, tgt_pieces in _piece_weights(model, tokenizer, src_ids, tgt_ids, method, layer, head, row, max_tokens,
+                                                       encode):
         if pieces and link == "target":  # each target piece with the source piece it attends to most, EOS on neither side
             best = w[:-1, :-1].argmax(dim=1).tolist()  # (T-1,)
             results[i] = [(s, t) for t, s in enumerate(best)]

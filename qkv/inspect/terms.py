@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 from qkv.data.text_tokenizer import TextTokenizer
+from qkv.infer.encodings import kept_encodings
 from qkv.infer.glossary import Glossary
 from qkv.infer.terms import Aligner, GlossaryTranslation
 from qkv.infer.terms import translate_with_glossary as _translate_with_glossary
@@ -38,15 +39,16 @@ def place(model: Transformer, tokenizer: TextTokenizer, results: list[GlossaryTr
             use.placed = bool(set(use.aligned_to) & set(use.source_words))
 
 
-def alignment_substitution(model, tokenizer: TextTokenizer) -> Aligner | None:
+def alignment_substitution(model, tokenizer: TextTokenizer, encode=None) -> Aligner | None:
     """The ``align`` that ``qkv.infer.terms.translate_with_glossary`` mends a translation with (a missing
     term put in place of the words its source term aligns to): ``align``'s default reading of a model
     trained with guided alignment (its alignment head, each source word linked with the target word that
     attends to it most). None for any other model (an ensemble, a Marian import, a model without the
-    head, whose value-norm reading was not measured for this): its sentences that miss a term are searched again."""
+    head, whose value-norm reading was not measured for this): its sentences that miss a term are searched
+    again. ``encode``: as ``align``'s (the search's encoder outputs)."""
     if not isinstance(model, Transformer) or model.config.alignment_layer is None:
         return None
-    return lambda sources, targets: align(model, tokenizer, sources, targets)
+    return lambda sources, targets: align(model, tokenizer, sources, targets, encode=encode)
 
 
 def translate_with_glossary(translator: Translator, texts: list[str], glossary: Glossary | list[Glossary] | None = None, *,
@@ -54,10 +56,17 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
     """``qkv.infer.terms.translate_with_glossary`` as ``qkv translate --glossary`` runs it (``qkv.translate_with_glossary``):
     ``align="head"``, the default, mends a translation that misses a term by the translator's model's
     alignment head where it has one (``alignment_substitution``); None searches every such sentence
-    again; or an ``Aligner`` of your own."""
-    if align == "head":
-        align = alignment_substitution(getattr(translator, "model", None), translator.tokenizer)
-    return _translate_with_glossary(translator, texts, glossary, always=always, numbers=numbers, align=align)
+    again; or an ``Aligner`` of your own. With the head, mending reads the encoder outputs the first
+    search computed (``qkv.infer.encodings``) rather than encoding the sentences again."""
+    if align != "head":
+        return _translate_with_glossary(translator, texts, glossary, always=always, numbers=numbers, align=align)
+    model = getattr(translator, "model", None)
+    encodings = kept_encodings(translator, model) if isinstance(model, Transformer) else None
+    head = alignment_substitution(model, translator.tokenizer, encodings.encode if encodings is not None else None)
+    if head is None or encodings is None:
+        return _translate_with_glossary(translator, texts, glossary, always=always, numbers=numbers, align=head)
+    with encodings:
+        return _translate_with_glossary(translator, texts, glossary, always=always, numbers=numbers, align=head)
 
 
 def pseudo_terms(model: Transformer, tokenizer: TextTokenizer, sources: list[str], targets: list[str], *,

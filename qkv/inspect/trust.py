@@ -381,7 +381,7 @@ def needs_shares(calibration: dict) -> bool:
 @torch.inference_mode()
 def assess(
     model: Transformer, tokenizer, sources: list[str], translations: list[str], *, calibration: dict | None = None,
-    max_tokens: int = 2048, words: bool = True,
+    max_tokens: int = 2048, words: bool = True, encode=None,
 ) -> list[Trust]:
     """A ``Trust`` for each (source, translation) pair, in input order: one teacher-forced pass with
     contributions per batch of similar lengths. Sides longer than the model's positions are cut to fit.
@@ -398,7 +398,10 @@ def assess(
     the model's plain teacher-forced pass and its alignment head, no ALTI+ (what ``qkv translate
     --confidence`` prints, the confidence and the flags, in about half the time): the features lack
     ``source_mean``, ``source_min`` and ``unused``, and ``words`` and ``unused_words`` are empty. The
-    confidence, the flags and every other feature are those of the full pass."""
+    confidence, the flags and every other feature are those of the full pass.
+
+    ``encode``: in place of ``model.encode`` in the light pass (``qkv.infer.encodings.Encodings.encode``:
+    the encoder outputs the search that made the translations computed)."""
     from qkv.infer.translator import length_batches
 
     if len(sources) != len(translations):
@@ -419,7 +422,7 @@ def assess(
             pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
         ))  # (B, S), (B, T), (B, T)
         if light:
-            memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, S)
+            memory, src_mask, _ = (encode or model.encode)(src)  # (B, S, D), (B, S)
             hidden, weights = model.decode_hidden(tgt_in, memory, src_mask, need_weights=True)  # (B, T, D)
             cross = weights.cross[-1].mean(dim=1)  # (B, T, S): the last layer's, heads averaged
         else:
@@ -479,16 +482,17 @@ def combined(trusts: list[Trust], source_words: list[int]) -> Trust:
 
 
 def assess_lines(model: Transformer, tokenizer, sources: list[list[str]], translations: list[list[str]], *,
-                 calibration: dict | None = None, max_tokens: int = 2048, words: bool = True) -> list[Trust]:
+                 calibration: dict | None = None, max_tokens: int = 2048, words: bool = True, encode=None) -> list[Trust]:
     """One ``Trust`` a line for lines cut into sentences: ``sources[i]`` are the sentences of line i as the
     model read them (split, recased), ``translations[i]`` its translations of them, before they were
-    recased and joined. Each sentence is judged as it was translated (``assess``), then the line
-    (``combined``)."""
+    recased and joined. Each sentence is judged as it was translated (``assess``, ``encode`` as there), then
+    the line (``combined``)."""
     flat_src = [s for line in sources for s in line]
     flat_tgt = [t for line in translations for t in line]
     if len(flat_src) != len(flat_tgt) or any(len(a) != len(b) for a, b in zip(sources, translations)):
         raise QkvError("each sentence needs one translation")
-    trusts = assess(model, tokenizer, flat_src, flat_tgt, calibration=calibration, max_tokens=max_tokens, words=words)
+    trusts = assess(model, tokenizer, flat_src, flat_tgt, calibration=calibration, max_tokens=max_tokens, words=words,
+                    encode=encode)
     out, start = [], 0
     for line in sources:
         out.append(combined(trusts[start : start + len(line)], [len(s.split()) for s in line]))

@@ -16,7 +16,8 @@ from qkv.data.tokenizer import Tokenizer
 from qkv.errors import QkvError
 from qkv.inspect.calibrate import KINDS, fit, precision_at_recall, roc_auc, synthetic_pairs
 from qkv.inspect.trust import (
-    FEATURES, Trust, assess, calibration_of, char_repeats, copy_score, flags_of, load_calibration, max_repeats, spearman,
+    FEATURES, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats, copy_score, flags_of, load_calibration,
+    max_repeats, spearman,
 )
 from qkv.io import checkpoint
 from qkv.model.config import model_preset
@@ -117,6 +118,36 @@ def test_assess_is_batch_invariant_and_marks_copies_and_loops(model_dir):
     assert [w["word"] for w in together[0].words] == REFERENCES[0].split()
     assert all(0 <= t.confidence <= 1 and math.isfinite(t.confidence) for t in together)
     assert together[3].words == []  # an empty translation has no words, and no crash
+
+
+def test_the_light_pass_reads_the_encoder_outputs_the_search_made(model_dir, monkeypatch):
+    from qkv.infer.encodings import kept_encodings
+    from qkv.infer.search import DecodeConfig
+    from qkv.infer.translator import Translator
+
+    loaded = checkpoint.load(model_dir)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    texts = SOURCES + [SOURCES[1] + " and " + SOURCES[2]]
+    translator = Translator(model, tokenizer, DecodeConfig(beam_size=2))
+    encodings = kept_encodings(translator, model)
+    with encodings:
+        lines = translator.translate_lines(texts)
+    args = ([line.sentences for line in lines], [line.outputs for line in lines])
+    encoded = assess_lines(model, tokenizer, *args, calibration=LOGPROB_ONLY, words=False)
+    calls = []
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda *a, **k: calls.append(1) or encode(*a, **k))
+    read = assess_lines(model, tokenizer, *args, calibration=LOGPROB_ONLY, words=False, encode=encodings.encode)
+    assert calls == []  # the sources were not encoded again
+    for a, b in zip(encoded, read, strict=True):
+        assert a.features == pytest.approx(b.features, abs=1e-5) and a.flags == b.flags
+        assert a.confidence == pytest.approx(b.confidence, abs=1e-6)
+    # a sentence the search did not read: its batch is encoded, the same verdicts
+    more = ([*args[0], ["a dog"]], [*args[1], ["ein Hund"]])
+    again = assess_lines(model, tokenizer, *more, calibration=LOGPROB_ONLY, words=False, encode=encodings.encode)
+    assert calls and [t.confidence for t in again[:-1]] == pytest.approx([t.confidence for t in encoded], abs=1e-6)
+    assert kept_encodings(Translator(model, tokenizer, workers=2), model) is None  # workers fork: no hooks to inherit
+    assert kept_encodings(translator, checkpoint.load(model_dir).model) is None  # another model's outputs do not fit
 
 
 def qkv(*args, cwd: Path) -> subprocess.CompletedProcess:

@@ -382,7 +382,7 @@ def test_the_alignment_pass_reads_the_searchs_own_encoder_outputs_and_gets_the_s
     import torch
 
     from qkv.data.sentences import TextOptions
-    from qkv.document.translate import Encodings
+    from qkv.infer.encodings import Encodings
     from qkv.infer.translator import Translator
     from qkv.inspect.align import word_weight_matrices
     from qkv.io import checkpoint

@@ -188,3 +188,39 @@ def test_a_number_replaces_only_the_digits_of_the_word_it_goes_to():
     assert out == "Ein Hund rennt um 7:45 für25."
     assert not missing(numbers, numbers.matches(source), out)
     assert substitute("Ein Hund rennt um sieben.", misses[:1], [(4, 4)]) == "Ein Hund rennt um 7:45."
+
+
+def test_mending_by_the_head_reads_the_encoder_outputs_of_the_first_search(random_checkpoint, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    import qkv.inspect.terms as terms
+    from qkv.infer.translator import Translator
+    from qkv.io import checkpoint
+    from qkv.model.transformer import Transformer
+
+    loaded = checkpoint.load(random_checkpoint)
+    torch.manual_seed(2)  # a random model with a full-context alignment head: its words miss the terms
+    model = Transformer(dataclasses.replace(loaded.model.config, alignment_layer=0, alignment_context="full")).eval()
+    translator = Translator(model, loaded.tokenizer)
+    texts = ["A dog runs across the green field.", "Two children play with a red ball."]
+    glossary = Glossary.from_pairs([["dog", "Hund"], ["ball", "Ball"]])
+    plain = terms.alignment_substitution(model, loaded.tokenizer)  # encodes the sentences again
+    expected = terms.translate_with_glossary(translator, texts, glossary, align=plain)
+    aligning, encoded_while_aligning = [], []
+    align, encode = terms.align, model.encode
+
+    def watched_align(*args, **kwargs):
+        aligning.append(1)
+        try:
+            return align(*args, **kwargs)
+        finally:
+            aligning.clear()
+
+    monkeypatch.setattr(terms, "align", watched_align)
+    monkeypatch.setattr(model, "encode", lambda *a, **k: encoded_while_aligning.append(bool(aligning)) or encode(*a, **k))
+    found = terms.translate_with_glossary(translator, texts, glossary)  # align="head"
+    assert any(s.substituted for r in expected for s in r.sentences)  # mending ran
+    assert encoded_while_aligning and not any(encoded_while_aligning)  # the search encoded; the alignment pass did not
+    assert [r.text for r in found] == [r.text for r in expected]
