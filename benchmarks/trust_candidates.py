@@ -1,9 +1,9 @@
-"""Two more flags tried for the hallucinations the six miss (issue 83): would either pay?
+"""Three more flags tried for the hallucinations the six miss (issue 83): would any pay?
 
     .venv/bin/python -m benchmarks.trust_candidates --checkpoint runs/en-de/final \\
         --data-dir ../shared/data/multi30k --out benchmarks/results/trust/candidates.json
 
-The candidates, both read from the model itself (no second model):
+The candidates, two read from the model itself (no second model), one from the text:
 
 - ``contrast``: how much the source explains the translation, the mean log-probability per target token
   (EOS included) given the source minus that given an empty source (the decoder alone); a translation
@@ -11,6 +11,9 @@ The candidates, both read from the model itself (no second model):
 - ``alignment_entropy``: the alignment head's entropy over the source positions (EOS included), divided
   by the log of their number and averaged over the target tokens (EOS's row left out); an output the head
   cannot place is suspect (high values). It reads the head ``--confidence`` already runs.
+- ``expansion``: the translation's words over the source's, each plus one; a translation much longer
+  than its source says what the source does not (high values), the mirror of ``shortness``: the
+  fragments the six flags miss ("with" -> "Ein mit einem Mann.") are such. It costs nothing.
 
 Each cut is read at the flags' two bounds (``qkv.inspect.calibrate``'s MAX_FALSE_ALARMS and
 MAX_FALSE_REFERENCES) on the model's own translations of Multi30k val (as ``qkv calibrate`` makes them)
@@ -43,12 +46,12 @@ from qkv.inspect.trust import assess, calibration_of
 from qkv.io import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-CANDIDATES = {"contrast": -1, "alignment_entropy": +1}  # the sign that makes high values suspect
+CANDIDATES = {"contrast": -1, "alignment_entropy": +1, "expansion": +1}  # the sign that makes high values suspect
 
 
 @torch.inference_mode()
 def candidates(model, tok, sources: list[str], translations: list[str], batch: int = 64) -> list[dict[str, float]]:
-    """Each pair's ``contrast`` and ``alignment_entropy`` (module docstring)."""
+    """Each pair's ``contrast``, ``alignment_entropy`` and ``expansion`` (module docstring)."""
     model.eval()
     limit = model.config.max_len - 1  # as qkv.inspect.trust.assess reads the pairs
     src_ids = [tok.encode(s)[:limit] for s in sources]
@@ -65,8 +68,9 @@ def candidates(model, tok, sources: list[str], translations: list[str], batch: i
         for b, (s, t) in enumerate(zip(src_ids[k:k + batch], tgt_ids[k:k + batch])):
             rows = entropy[b, : len(t)] / math.log(max(2, len(s) + 1))  # the target tokens, EOS's row left out
             out.append({"alignment_entropy": float(rows.mean())})
-    for values, g, a in zip(out, given, alone):
+    for values, g, a, source, translation in zip(out, given, alone, sources, translations, strict=True):
         values["contrast"] = g - a
+        values["expansion"] = (len(translation.split()) + 1) / (len(source.split()) + 1)
     return out
 
 
