@@ -91,7 +91,7 @@ def loop_guard_args(p: argparse.ArgumentParser) -> None:
     """The flags of the commands that write translations (translate, evaluate, distill) against loops."""
     p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
                    help=f"search a sentence whose output loops (a run of 1-4 tokens 3 times back to back that is not a "
-                        f"number, or no end "
+                        f"number and that the source does not repeat too, or no end "
                         f"before the length limit) again with no repeated N-gram of tokens; 0: off, the exact search "
                         f"(default {LOOP_GUARD}, chosen on val: docs/robustness.md)")
     p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",

@@ -7,6 +7,7 @@ A guard must never change a translation that is not a loop, so the rule is narro
   and number marks (``. , : / -``), at least one of them a digit. A tokenizer that writes one digit
   a piece writes ``2000`` as ``2 0 0 0`` and ``1999`` as ``1 9 9 9``: a number is never a loop by
   itself. A word written twice ("das das") is two copies, not three, and stays as the model wrote it.
+  Nor is a run the source repeats as often (the sign's "OOO", "Hello!!!"): the output copies it.
 - or it reached the length limit without an EOS (a loop that runs out of room; digits included).
 
 Which pieces write numbers is read from the tokenizer's vocabulary (``number_pieces``); without it
@@ -59,16 +60,26 @@ def number_pieces(tokenizer: TextTokenizer) -> NumberPieces:
         return found
 
 
-def loops(tokens: list[int], limit: int, max_n: int = 4, *, numbers: NumberPieces | None = None) -> bool:
-    """Whether an output loops (the module docstring): a run of one to ``max_n`` tokens ``LOOP_REPEATS``
-    times back to back that does not write a number (``numbers``: the vocabulary's number pieces), or
-    ``limit`` tokens or more (the search's length limit, reached without an EOS)."""
-    if len(tokens) >= limit:
-        return True
+def repeated_runs(tokens: list[int], max_n: int = 4) -> set[tuple[int, ...]]:
+    """The runs of one to ``max_n`` tokens that stand ``LOOP_REPEATS`` times back to back in ``tokens``."""
+    found = set()
     for n in range(1, max_n + 1):
         for start in range(len(tokens) - LOOP_REPEATS * n + 1):
             gram = tokens[start : start + n]
             if all(tokens[start + r * n : start + (r + 1) * n] == gram for r in range(1, LOOP_REPEATS)):
-                if numbers is None or not numbers.write_a_number(gram):
-                    return True
-    return False
+                found.add(tuple(gram))
+    return found
+
+
+def loops(tokens: list[int], limit: int, max_n: int = 4, *, numbers: NumberPieces | None = None,
+          source: list[int] | None = None) -> bool:
+    """Whether an output loops (the module docstring): a run of one to ``max_n`` tokens ``LOOP_REPEATS``
+    times back to back that does not write a number (``numbers``: the vocabulary's number pieces) and
+    that the ``source`` ids do not repeat as well (a sign reading "OOO", "Hello!!!": a copy, not a loop;
+    with a vocabulary shared by both sides the same ids), or ``limit`` tokens or more (the search's
+    length limit, reached without an EOS)."""
+    if len(tokens) >= limit:
+        return True
+    copied = repeated_runs(source, max_n) if source else set()
+    return any((numbers is None or not numbers.write_a_number(list(gram))) and gram not in copied
+               for gram in repeated_runs(tokens, max_n))

@@ -66,8 +66,8 @@ class DecodeConfig:
     # an output (0: off, the exact search).
     no_repeat_ngram_size: int = 0
     # The loop guard (0: off, the exact search): a sentence whose output loops (``loops``: a run of one
-    # to four tokens repeated LOOP_REPEATS times back to back that does not write a number, or no EOS
-    # before the length limit) is searched again with no repeated n-gram of this size. Outputs that do
+    # to four tokens repeated LOOP_REPEATS times back to back that does not write a number and that its
+    # source does not repeat as well, or no EOS before the length limit) is searched again with no repeated n-gram of this size. Outputs that do
     # not loop stay as they were.
     loop_guard: int = 0
 
@@ -460,7 +460,9 @@ def search(
     if not config.loop_guard:
         return found
     lengths = (src != model.config.pad_id).sum(dim=1).tolist()  # each sentence's tokens and EOS, as _output_limits counts
-    again = [i for i, hyps in enumerate(found) if loops(hyps[0].tokens, max_output_length(model, lengths[i], config), numbers=numbers)]
+    sources = [row[row != model.config.pad_id].tolist() for row in src]  # a run the source repeats is copied, not looped
+    again = [i for i, hyps in enumerate(found)
+             if loops(hyps[0].tokens, max_output_length(model, lengths[i], config), numbers=numbers, source=sources[i])]
     if not again:
         return found
     retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)

@@ -317,7 +317,8 @@ def translate_with_glossary(translator: Translator, texts: list[str], glossary: 
         found = _constrained(translator, [src_ids[i] for i in batch], constraints, joins, config, beam, [tokens[i] for i in batch])
         if config.loop_guard:  # as ``search``: an output that loops is searched again with no repeated n-gram
             numbers = number_pieces(tok)
-            loop = [j for j, best in enumerate(found) if loops(best.tokens, len(best.tokens) + 1, numbers=numbers)]
+            loop = [j for j, best in enumerate(found)
+                    if loops(best.tokens, len(best.tokens) + 1, numbers=numbers, source=src_ids[batch[j]])]
             if loop:
                 retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
                 for j, best in zip(loop, _constrained(translator, [src_ids[batch[j]] for j in loop],

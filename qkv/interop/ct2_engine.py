@@ -277,7 +277,7 @@ class CTranslate2Translator(Translator):
         if self.config.loop_guard:  # the loop guard, as qkv's search runs it: a looping output searched again
             numbers = number_pieces(self.tokenizer)
             again = [i for i, (ids, out) in enumerate(zip(src_ids, found))
-                     if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config), numbers=numbers)]
+                     if ids and loops(out, max_output_length(self.model, len(ids) + 1, self.config), numbers=numbers, source=ids)]
             if again:
                 guarded = replace(self.config, no_repeat_ngram_size=self.config.loop_guard, loop_guard=0)
                 looping = [src_ids[i] for i in again]

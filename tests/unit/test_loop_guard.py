@@ -55,3 +55,43 @@ def test_number_pieces_are_digits_and_the_marks_between_them(tok):
     assert not numbers.write_a_number([piece["-"], piece["-"]]) and numbers.write_a_number([piece["0"], piece["-"]])
     assert not (numbers.digits | numbers.marks) & set(tok.encode("das Haus der Fahrer"))
     assert not NumberPieces().write_a_number([piece["0"]])  # the empty default: no piece is a number's
+
+
+@pytest.mark.parametrize("source, output", [("- - - das Haus", "das Haus - - -"), ("der Fahrer der Fahrer der Fahrer", "der Fahrer der Fahrer der Fahrer")])
+def test_a_run_the_source_repeats_as_often_is_copied_not_looped(tok, source, output):
+    numbers = number_pieces(tok)
+    assert loops(tok.encode(output), LIMIT, numbers=numbers)  # alone, a loop
+    assert not loops(tok.encode(output), LIMIT, numbers=numbers, source=tok.encode(source))
+    # a source that repeats it fewer times, or another run, does not excuse it
+    assert loops(tok.encode(output), LIMIT, numbers=numbers, source=tok.encode(source.replace("- - -", "- -").replace("der Fahrer der Fahrer der Fahrer", "der Fahrer der Fahrer")))
+    assert loops(tok.encode(output + " das das das"), LIMIT, numbers=numbers, source=tok.encode(source))
+    assert loops(tok.encode(output), len(tok.encode(output)), numbers=numbers, source=tok.encode(source))  # the length limit still is
+
+
+def test_the_guard_keeps_a_run_the_source_has(random_checkpoint, monkeypatch):
+    """The search itself: an output that copies the source's run is not searched again."""
+    from qkv.infer.search import DecodeConfig, search
+    from qkv.infer.translator import collate_sources
+    from qkv.io import checkpoint
+
+    loaded = checkpoint.load(random_checkpoint)
+    model, tk = loaded.model, loaded.tokenizer
+    ids = tk.encode("O O O")
+    assert loops(ids, LIMIT)  # a run of three
+    config = DecodeConfig(beam_size=2, loop_guard=2, max_len_a=0.0, max_len_b=50)
+    calls = []
+
+    import qkv.infer.search as searching
+    once = searching._search_once
+
+    def forced(model_, src, **kw):  # the first search "writes" the source's run; the guard would search again
+        calls.append(kw["config"].loop_guard)
+        if kw["config"].no_repeat_ngram_size:
+            return once(model_, src, **kw)
+        return [[searching.Hypothesis(list(ids), 0.0, 0.0)] for _ in range(src.size(0))]
+
+    monkeypatch.setattr(searching, "_search_once", forced)
+    src = collate_sources([ids, tk.encode("A dog runs.")], pad_id=tk.pad_id, eos_id=tk.eos_id)
+    found = search(model, src, bos_id=tk.bos_id, eos_id=tk.eos_id, config=config)
+    assert found[0][0].tokens == ids  # the source repeats it: kept
+    assert len(calls) == 2  # the second sentence (whose source has no run) was searched again
