@@ -35,6 +35,35 @@ _WIDE_BEFORE_STOP = re.compile(rf"(?<=[^\W\d_])\s*[{_WIDE}]\s*(?=\.)")
 _AS_ASCII = {ord(c): " " for c in _WIDE}
 
 
+# Abbreviations that sentencex's lists lack and that do not end a sentence (a newcomer's review, 2026-12-07:
+# "A man and Ms. Smith are walking." was cut after "Ms.", and a glossary term across the cut was lost):
+# a title before a capitalized word, and a reference word before a number. English only; other languages
+# keep sentencex's cuts alone.
+_TITLES = {"en": ("Mr", "Mrs", "Ms", "Mx", "Dr", "Prof", "Rev", "Hon", "Messrs")}  # German's are in sentencex's list
+_BEFORE_NUMBERS = {"en": ("approx", "ca", "tel", "no", "nos", "vol", "fig", "p", "pp", "ch", "sec", "art")}
+_NO_END = {lang: (re.compile(rf"(?<![^\W_])(?:{'|'.join(_TITLES[lang])})\.\s*$"),
+                  re.compile(rf"(?<![^\W_])(?:{'|'.join(_BEFORE_NUMBERS[lang])})\.\s*$", re.IGNORECASE))
+           for lang in _TITLES}
+_ABBREVIATION_REACH = 16  # characters before a piece's end that hold the abbreviation and its spaces
+
+
+def _rejoined(pieces: list[str], lang: str) -> list[str]:
+    """``pieces`` with those that end in one of ``lang``'s abbreviations above joined to the next: a title
+    before a piece that starts with a capital, a reference word before one that starts with a digit."""
+    rules = _NO_END.get(lang.split("-")[0].lower())
+    if rules is None or len(pieces) < 2:
+        return pieces
+    title, before_number = rules
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        end, start = out[-1][-_ABBREVIATION_REACH:], piece.lstrip()[:1]
+        if (start.isupper() and title.search(end)) or (start.isdecimal() and before_number.search(end)):
+            out[-1] += piece
+        else:
+            out.append(piece)
+    return out
+
+
 class SplitterWarning(UserWarning):
     """sentencex failed on a line: the line is translated as one sentence."""
 
@@ -60,7 +89,7 @@ def _segment(line: str, lang: str) -> list[str]:
         warnings.warn("the sentence splitter's pieces do not join back into the line; it is translated as one sentence",
                       SplitterWarning, stacklevel=3)
         return [line]
-    return out
+    return _rejoined(out, lang)
 
 
 def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:

@@ -15,6 +15,13 @@ from qkv.data.sentences import AS_IS, TITLE, UPPER, Line, TextOptions, case_of, 
     ("Dr. Smith met Mr. Jones at 3 p.m. in the U.S. today. They talked.",
      ["Dr. Smith met Mr. Jones at 3 p.m. in the U.S. today.", "They talked."]),
     ("It is big, e.g. a truck. A dog barks.", ["It is big, e.g. a truck.", "A dog barks."]),
+    # titles and reference words that sentencex's English list lacks (a newcomer's review): not sentence ends
+    ("A man and Ms. Smith are walking a dog.", ["A man and Ms. Smith are walking a dog."]),
+    ("A woman, Ms. Jones, met Dr. Who. They talked.", ["A woman, Ms. Jones, met Dr. Who.", "They talked."]),
+    ("The dog weighs approx. 5 kg. Call tel. 555 now.", ["The dog weighs approx. 5 kg.", "Call tel. 555 now."]),
+    # but a sentence that ends after a title's word, or a "No." before a capital, still ends
+    ("He met Dr. Smith. She left.", ["He met Dr. Smith.", "She left."]),
+    ("It is a dog. No. It is a cat.", ["It is a dog.", "No.", "It is a cat."]),
     # decimal points, prices and times do not either
     ("It costs $12.50 at 3.45 pm. That is 3.5 times more.", ["It costs $12.50 at 3.45 pm.", "That is 3.5 times more."]),
     # a full stop inside quotes stays inside its sentence
