@@ -9,6 +9,7 @@ block (and the HTML reader's element and depth bounds, the Markdown reader's dep
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from qkv.errors import QkvError
@@ -32,9 +33,14 @@ def format_of(path: str | Path | None) -> str | None:
     return EXTENSIONS.get(Path(path).suffix.lower()) if path else None
 
 
+_TEXT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")  # a line and its line feed; the last without one
+
+
 def read_text(text: str, target_lang: str | None = None) -> Document:
-    """Plain text: each non-blank line a segment; blank lines, indents and line endings kept."""
-    lines = text.splitlines(keepends=True)
+    """Plain text: each non-blank line a segment; blank lines, indents and line endings kept. A line ends
+    at a line feed (``\n`` or ``\r\n``) only, as the line mode reads lines: a lone carriage return, a form
+    feed, U+0085, U+2028 or U+2029 stays inside its line (``str.splitlines`` would cut there)."""
+    lines = _TEXT_LINE.findall(text)
     segments, slots = [], []
     for n, line in enumerate(lines):
         body = line.rstrip("\r\n")

@@ -291,6 +291,14 @@ def test_text_keeps_placeholders_blank_lines_and_line_endings():
     assert out == "HELLO {name}, SEE https://x.org/a.\r\n\n  INDENTED `code` HERE\n"
 
 
+@pytest.mark.parametrize("inside", ["\u2028", "\u2029", "\x85", "\x0c", "\r", "\x0b"])
+def test_text_ends_a_line_at_a_line_feed_only(inside):
+    # str.splitlines cut a line at each of these (a newcomer's review): one sentence became two fragments
+    document = read(f"A man is riding{inside}a bike.\r\nA dog runs.", "text")
+    assert len(document.segments) == 2 and document.segments[1].text == "A dog runs."
+    assert translated(f"A man{inside}rides.\r\nA dog runs.", "text").endswith("\r\nA DOG RUNS.")
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(QkvError, match="unknown document format"):
         read("x", "docx")
