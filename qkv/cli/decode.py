@@ -148,6 +148,14 @@ class _EmptyCount:
                 "enough (a run of a few dozen updates writes nothing); train it longer, or check --checkpoint")
 
 
+def text_label(text, loop_guard: int) -> str:
+    """What the search did to the lines besides searching, for the summary line (each changes the score):
+    split into sentences (by which language's rules), recased, the loop guard."""
+    split = f", split ({text.split})" if text is not None and text.split else ", no split"
+    case = ", recased" if text is not None and text.recase else ", case kept"
+    return f"{split}{case}, {f'loop guard {loop_guard}' if loop_guard else 'no loop guard'}"
+
+
 def _evaluate_args(p: argparse.ArgumentParser) -> None:
     decode_args(p, ensemble=True)
     engine_arg(p)
@@ -225,7 +233,9 @@ def evaluate(args: argparse.Namespace) -> int:
             handle.writelines(" ".join(h.splitlines()) + "\n" for h in hypotheses)
     names = " + ".join(str(checkpoint.resolve(path)) for path in args.checkpoint)
     workers = f", {args.workers} workers" if args.workers > 1 else ""
-    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}{precision_label(args, model)}{', shortlist' if shortlist else ''}{workers}, {seconds:.1f}s")
+    print(f"{corpus.name}: {len(hypotheses)} sentences, checkpoint {names}, beam {args.beam}, length penalty {translator.config.length_penalty}"
+          f"{text_label(translator.text, translator.config.loop_guard)}{precision_label(args, model)}{', shortlist' if shortlist else ''}"
+          f"{workers}, {seconds:.1f}s")
     print(format_scores(score(hypotheses, corpus.tgt)))
     if glossary is not None:
         aligner(args, model, tokenizer)(results)

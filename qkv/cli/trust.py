@@ -68,7 +68,8 @@ def annotator(args: argparse.Namespace, model, tokenizer):
 def format_line(text: str, trust, form: str) -> str:
     if form == "json":
         return json.dumps({"translation": text, **trust.to_json()}, ensure_ascii=False)
-    return f"{text}\t{trust.confidence:.3f}\t{','.join(trust.flags) or '-'}"
+    # a tab the line had between its sentences would make a column of its own
+    return f"{text.replace(chr(9), ' ')}\t{trust.confidence:.3f}\t{','.join(trust.flags) or '-'}"
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:

@@ -328,6 +328,6 @@ def _write_translations(translator: Translator, lines: list[str], sink, n_best: 
         texts = [" ".join(t.text.splitlines()) for t in nbest]  # never more than one output line per input line
         if n_best == 1:
             sink.write(texts[0] + "\n")
-        else:
-            sink.write("\t".join(f"{text}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
+        else:  # a tab the line had between its sentences would make a column of its own
+            sink.write("\t".join(f"{text.replace(chr(9), ' ')}\t{t.score:.4f}" for text, t in zip(texts, nbest)) + "\n")
     sink.flush()

@@ -638,3 +638,15 @@ def test_the_loop_guard_searches_again_only_the_sentences_that_loop():
                 assert guarded[0].score == first[0].score or math.isnan(first[0].score)
             else:
                 assert not _repeats_an_ngram(guarded[0].tokens, 2)
+
+
+def test_a_tab_between_a_lines_sentences_makes_no_column_of_its_own(random_checkpoint, tmp_path, capsys):
+    # the line's sentences joined back with the tab between them broke the n-best and --confidence columns
+    from qkv.cli import main as cli
+
+    source = tmp_path / "src"
+    source.write_text("A dog runs.\tA cat sleeps.\nTwo children play.\n", encoding="utf-8")
+    for flags, columns in ((["--n-best", "2"], 4), (["--confidence"], 3)):
+        assert cli.main(["translate", "--checkpoint", str(random_checkpoint), "-i", str(source), "--beam", "2", *flags]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and [len(line.split("\t")) for line in lines] == [columns, columns]

@@ -41,6 +41,17 @@ def test_the_length_penalty_chosen_in_training_is_the_default_and_a_flag_overrid
         assert f"length penalty {expected}," in capsys.readouterr().out
 
 
+def test_the_summary_says_how_the_lines_were_split_recased_and_guarded(random_checkpoint, tmp_path, capsys):
+    # each changes the score: two runs must not print the same settings (a newcomer's review)
+    (tmp_path / "src").write_text("A dog runs.\nTWO CHILDREN PLAY.\n")
+    (tmp_path / "ref").write_text("Ein Hund rennt.\nZWEI KINDER SPIELEN.\n")
+    files = ["--src-file", str(tmp_path / "src"), "--ref-file", str(tmp_path / "ref"), "--beam", "2", "--checkpoint", str(random_checkpoint)]
+    assert cli.main(["evaluate", *files]) == 0
+    assert "length penalty 0.6, split (en), recased, loop guard 2," in capsys.readouterr().out
+    assert cli.main(["evaluate", *files, "--no-split", "--keep-case", "--loop-guard", "0"]) == 0
+    assert "length penalty 0.6, no split, case kept, no loop guard," in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("decode", [{"length_penalty": "1"}, {"length_penalty": True}, {"length_penalty": -1},
                                     {"length_penalty": 1e9}, {"beam_size": 5}, [1.0]])
 def test_a_checkpoints_decoding_defaults_are_checked(decode):
