@@ -317,8 +317,10 @@ def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], 
         span = spans[i]
         if a == b:  # a void, or an element that could not be placed: its spacing as in the source
             more_here = n + 1 < len(kids) and ranges[kids[n + 1]][0] == a  # another void at this point
-            before = " " if span.space_before and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
-            after = " " if span.space_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
+            # spaces inside this element only: a void at its very start or end leaves the space outside it
+            # to the text there ("**a@b.de** now", not "**a@b.de **")
+            before = " " if span.space_before and (at > lo or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
+            after = " " if span.space_after and (at < hi or more_here) and not target[at : at + 1].isspace() else ""
             node = Void(span.tag) if span.void else Element(span.tag, _render(target, spans, ranges, children, i))
             nodes.extend(x for x in (before, node, after) if x != "")
             if span.separates and not span.space_after and target[at : at + 1] == " " and a < hi - 1:  # <br>'s own space
