@@ -103,7 +103,14 @@ def translate(args: argparse.Namespace) -> int:
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
         advance = stack.enter_context(line_progress(args))
-        write = None if glossary is None else glossary_writer(args, translator, glossary, annotate)
+        if glossary is not None:
+            write = glossary_writer(args, translator, glossary, annotate)
+        elif annotate is None and args.n_best == 1:  # placeholders kept as --format text keeps them
+            from qkv.cli.document import placeholder_writer
+
+            write = placeholder_writer(translator)
+        else:
+            write = None
         interactive = getattr(source, "isatty", lambda: False)()
         counted = sink if interactive else _EmptyCount(sink)
         translate_stream(translator, source if interactive else counted.inputs(source), counted, name=name, progress=advance,

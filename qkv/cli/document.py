@@ -20,6 +20,35 @@ def document_format(path: str | None) -> str | None:
     return None if found == "text" else found
 
 
+def placeholder_writer(translator):
+    """For ``translate_stream``'s plain lines: input lines -> output lines, each line that holds a placeholder
+    (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``{name}``, ``%s``, inline code)
+    translated as ``--format text`` translates it, the placeholder kept verbatim and put back where the
+    model's alignment says; the other lines as without it (a newcomer's review: the line mode wrote
+    "https://example.com/dog" as "Comomischen Horizont"). A line the text format refuses (beyond its
+    bounds) is translated as a plain line."""
+    from qkv.document.segments import PLACEHOLDER
+    from qkv.document.translate import translate_document
+
+    def write(lines: list[str]) -> list[str]:
+        marked = [i for i, line in enumerate(lines) if PLACEHOLDER.search(line)]
+        kept = set(marked)
+        plain = [i for i in range(len(lines)) if i not in kept]
+        out = [""] * len(lines)
+        for i, text in zip(plain, translator.translate([lines[i] for i in plain])):
+            out[i] = text
+        if marked:
+            try:
+                placed = translate_document(translator, "".join(lines[i] + "\n" for i in marked), "text").text.split("\n")[:-1]
+            except QkvError:  # beyond the text format's bounds: as a plain line
+                placed = translator.translate([lines[i] for i in marked])
+            for i, text in zip(marked, placed, strict=True):
+                out[i] = text
+        return [" ".join(text.splitlines()) for text in out]  # never more than one output line per input line
+
+    return write
+
+
 def check_document_args(args: argparse.Namespace) -> None:
     """What a document cannot be translated with, refused before anything loads."""
     for flag, given in (("--n-best", args.n_best > 1), ("--sampling", args.sampling), ("--trace", args.trace),

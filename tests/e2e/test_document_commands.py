@@ -200,3 +200,23 @@ def test_a_glossarys_terms_hold_in_a_document(tiny_run):
 def test_lang_without_a_document_is_refused_not_ignored(tiny_run, tmp_path):
     done = qkv("translate", "--checkpoint", tiny_run, "--lang", "de", cwd=tmp_path, stdin="A dog.\n")
     assert done.returncode != 0 and "--lang" in done.stderr and done.stdout == ""
+
+
+def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_checkpoint, tmp_path, capsys):
+    # a newcomer's review: the line mode (no --format) let the model rewrite URLs, e-mail addresses and %s
+    from qkv.cli import main as cli
+
+    lines = ["A man writes to john.doe@example.com now.", "A dog runs to https://example.com/dog now.", "",
+             "Two children play with %s and {name}.", "A dog runs across the green field."]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    run = ["translate", "--checkpoint", str(random_checkpoint), "-i", str(source), "--beam", "2", "--workers", "1"]
+    assert cli.main(run) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(lines) and out[2] == ""
+    for line, kept in zip(out, (["john.doe@example.com"], ["https://example.com/dog"], [], ["%s", "{name}"])):
+        assert all(line.count(k) == 1 for k in kept), line
+    assert cli.main([*run, "--format", "text"]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == out[:2]  # what --format text gives those lines
+    assert cli.main([*run, "--n-best", "2"]) == 0  # the plain path (--n-best keeps it): the line without one is the same
+    assert capsys.readouterr().out.splitlines()[4].split("\t")[0] == out[4]
