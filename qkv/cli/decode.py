@@ -105,10 +105,10 @@ def translate(args: argparse.Namespace) -> int:
         advance = stack.enter_context(line_progress(args))
         if glossary is not None:
             write = glossary_writer(args, translator, glossary, annotate)
-        elif annotate is None and args.n_best == 1:  # placeholders kept as --format text keeps them
-            from qkv.cli.document import placeholder_writer
+        elif annotate is None and args.n_best == 1:  # placeholders and tab-separated parts as --format text has them
+            from qkv.cli.document import text_format_writer
 
-            write = placeholder_writer(translator)
+            write = text_format_writer(translator)
         else:
             write = None
         interactive = getattr(source, "isatty", lambda: False)()

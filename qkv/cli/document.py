@@ -20,18 +20,18 @@ def document_format(path: str | None) -> str | None:
     return None if found == "text" else found
 
 
-def placeholder_writer(translator):
+def text_format_writer(translator):
     """For ``translate_stream``'s plain lines: input lines -> output lines, each line that holds a placeholder
-    (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``{name}``, ``%s``, inline code)
-    translated as ``--format text`` translates it, the placeholder kept verbatim and put back where the
-    model's alignment says; the other lines as without it (a newcomer's review: the line mode wrote
-    "https://example.com/dog" as "Comomischen Horizont"). A line the text format refuses (beyond its
-    bounds) is translated as a plain line."""
+    (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``{name}``, ``%s``, inline code) or a
+    tab translated as ``--format text`` translates it: the placeholder kept verbatim and put back where the
+    model's alignment says, each tab-separated part apart; the other lines as without it (a newcomer's
+    review: the line mode wrote "https://example.com/dog" as "Comomischen Horizont", and "A dog<TAB>A cat"
+    as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line."""
     from qkv.document.segments import PLACEHOLDER
     from qkv.document.translate import translate_document
 
     def write(lines: list[str]) -> list[str]:
-        marked = [i for i, line in enumerate(lines) if PLACEHOLDER.search(line)]
+        marked = [i for i, line in enumerate(lines) if "\t" in line or PLACEHOLDER.search(line)]
         kept = set(marked)
         plain = [i for i in range(len(lines)) if i not in kept]
         out = [""] * len(lines)

@@ -37,22 +37,30 @@ _TEXT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")  # a line and its line feed; the l
 
 
 def read_text(text: str, target_lang: str | None = None) -> Document:
-    """Plain text: each non-blank line a segment; blank lines, indents and line endings kept. A line ends
-    at a line feed (``\n`` or ``\r\n``) only, as the line mode reads lines: a lone carriage return, a form
-    feed, U+0085, U+2028 or U+2029 stays inside its line (``str.splitlines`` would cut there)."""
+    """Plain text: each non-blank line a segment, a line's tab-separated parts each a segment of their own
+    (the columns of a table: a tab is never a space inside a sentence); blank lines, indents, tabs and
+    line endings kept. A line ends at a line feed (``\n`` or ``\r\n``) only, as the line mode reads
+    lines: a lone carriage return, a form feed, U+0085, U+2028 or U+2029 stays inside its line
+    (``str.splitlines`` would cut there)."""
     lines = _TEXT_LINE.findall(text)
-    segments, slots = [], []
+    segments, slots = [], []  # slots: (line, part, lead, trail) of each segment
+    parts_of: dict[int, list[str]] = {}
     for n, line in enumerate(lines):
         body = line.rstrip("\r\n")
-        if body.strip():
-            segment, lead, trail = plain_segment(body, f"line {n + 1}")
-            slots.append((n, lead, trail, line[len(body) :]))
-            segments.append(segment)
+        parts = parts_of[n] = body.split("\t")
+        for k, part in enumerate(parts):
+            if part.strip():
+                segment, lead, trail = plain_segment(part, f"line {n + 1}")
+                slots.append((n, k, lead, trail))
+                segments.append(segment)
 
     def write(placed: list[list], reports=None) -> str:
+        written = {n: list(parts) for n, parts in parts_of.items()}
+        for (n, k, lead, trail), nodes in zip(slots, placed):
+            written[n][k] = lead + flatten(nodes, void=lambda tag: tag) + trail
         out = list(lines)
-        for (n, lead, trail, ending), nodes in zip(slots, placed):
-            out[n] = lead + flatten(nodes, void=lambda tag: tag) + trail + ending
+        for n in {n for n, *_ in slots}:
+            out[n] = "\t".join(written[n]) + lines[n][len(lines[n].rstrip("\r\n")) :]
         return "".join(out)
 
     return Document(segments, write, "text")

@@ -207,7 +207,7 @@ def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_chec
     from qkv.cli import main as cli
 
     lines = ["A man writes to john.doe@example.com now.", "A dog runs to https://example.com/dog now.", "",
-             "Two children play with %s and {name}.", "A dog runs across the green field."]
+             "Two children play with %s and {name}.", "A dog runs across the green field.", "A dog\tTwo children\tA ball"]
     source = tmp_path / "in.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     run = ["translate", "--checkpoint", str(random_checkpoint), "-i", str(source), "--beam", "2", "--workers", "1"]
@@ -220,3 +220,4 @@ def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_chec
     assert capsys.readouterr().out.splitlines()[:2] == out[:2]  # what --format text gives those lines
     assert cli.main([*run, "--n-best", "2"]) == 0  # the plain path (--n-best keeps it): the line without one is the same
     assert capsys.readouterr().out.splitlines()[4].split("\t")[0] == out[4]
+    assert out[5].count("\t") == 2  # a line's tab-separated parts translated apart, the tabs kept

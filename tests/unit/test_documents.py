@@ -291,6 +291,14 @@ def test_text_keeps_placeholders_blank_lines_and_line_endings():
     assert out == "HELLO {name}, SEE https://x.org/a.\r\n\n  INDENTED `code` HERE\n"
 
 
+def test_text_translates_a_lines_tab_separated_parts_apart_and_keeps_the_tabs():
+    # the columns of a table were read as one sentence, their tabs as spaces (a newcomer's review)
+    document = read("A dog\tA cat\t\tA horse\r\n\n  Indented {x} here\t\n", "text")
+    assert [s.text for s in document.segments] == ["A dog", "A cat", "A horse", "Indented here"]
+    assert translated("A dog\tA cat\t\tA horse\r\n\n  Indented {x} here\t\n", "text") == (
+        "A DOG\tA CAT\t\tA HORSE\r\n\n  INDENTED {x} HERE\t\n")
+
+
 @pytest.mark.parametrize("inside", ["\u2028", "\u2029", "\x85", "\x0c", "\r", "\x0b"])
 def test_text_ends_a_line_at_a_line_feed_only(inside):
     # str.splitlines cut a line at each of these (a newcomer's review): one sentence became two fragments
