@@ -26,23 +26,38 @@ def text_format_writer(translator):
     tab translated as ``--format text`` translates it: the placeholder kept verbatim and put back where the
     model's alignment says, each tab-separated part apart; the other lines as without it (a newcomer's
     review: the line mode wrote "https://example.com/dog" as "Comomischen Horizont", and "A dog<TAB>A cat"
-    as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line."""
+    as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line,
+    the others as the text format translates them."""
+    from qkv.document.formats import MAX_BYTES, read
     from qkv.document.segments import PLACEHOLDER
-    from qkv.document.translate import translate_document
+    from qkv.document.translate import translate_read
+
+    def fits(line: str) -> bool:  # within the text format's bounds for one line (words, markup)
+        try:
+            read(line + "\n", "text")
+        except QkvError:
+            return False
+        return True
 
     def write(lines: list[str]) -> list[str]:
-        marked = [i for i, line in enumerate(lines) if "\t" in line or PLACEHOLDER.search(line)]
+        marked = [i for i, line in enumerate(lines) if ("\t" in line or PLACEHOLDER.search(line)) and fits(line)]
         kept = set(marked)
         plain = [i for i in range(len(lines)) if i not in kept]
         out = [""] * len(lines)
         for i, text in zip(plain, translator.translate([lines[i] for i in plain])):
             out[i] = text
-        if marked:
-            try:
-                placed = translate_document(translator, "".join(lines[i] + "\n" for i in marked), "text").text.split("\n")[:-1]
-            except QkvError:  # beyond the text format's bounds: as a plain line
-                placed = translator.translate([lines[i] for i in marked])
-            for i, text in zip(marked, placed, strict=True):
+        groups: list[list[int]] = []  # the marked lines in documents within MAX_BYTES
+        size = MAX_BYTES
+        for i in marked:
+            if size + len(lines[i]) + 1 > MAX_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(i)
+            size += len(lines[i]) + 1
+        for group in groups:
+            document = read("".join(lines[i] + "\n" for i in group), "text")
+            placed = translate_read(translator, document).text.split("\n")[:-1]
+            for i, text in zip(group, placed, strict=True):
                 out[i] = text
         return [" ".join(text.splitlines()) for text in out]  # never more than one output line per input line
 

@@ -317,10 +317,14 @@ def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], 
         span = spans[i]
         if a == b:  # a void, or an element that could not be placed: its spacing as in the source
             more_here = n + 1 < len(kids) and ranges[kids[n + 1]][0] == a  # another void at this point
-            # spaces inside this element only: a void at its very start or end leaves the space outside it
-            # to the text there ("**a@b.de** now", not "**a@b.de **")
-            before = " " if span.space_before and (at > lo or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
-            after = " " if span.space_after and (at < hi or more_here) and not target[at : at + 1].isspace() else ""
+            # a void at the very start or end of an element with no text of its own (``**a@b.de**``): where
+            # that element is spaced on that side itself, the space goes outside it ("**a@b.de** now", not
+            # "**a@b.de **"), else inside, as the source had it ("at<a> a@b.de</a>")
+            outside = parent is not None and lo == hi
+            edge_before = outside and at == lo and not nodes and spans[parent].space_before
+            edge_after = outside and at == hi and not more_here and spans[parent].space_after
+            before = " " if span.space_before and not edge_before and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
+            after = " " if span.space_after and not edge_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
             node = Void(span.tag) if span.void else Element(span.tag, _render(target, spans, ranges, children, i))
             nodes.extend(x for x in (before, node, after) if x != "")
             if span.separates and not span.space_after and target[at : at + 1] == " " and a < hi - 1:  # <br>'s own space

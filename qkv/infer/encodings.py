@@ -53,9 +53,10 @@ class Encodings:
 
 
 def kept_encodings(translator, model) -> Encodings | None:
-    """An ``Encodings`` of ``model`` for ``translator``'s searches where they run ``model`` in this process,
-    else None: another model (an int8 copy, CTranslate2), or decoding workers, which fork and would keep
-    the hooks they inherit for good."""
+    """An ``Encodings`` of ``model`` for ``translator``'s searches where they may run ``model`` in this
+    process, else None: another model (an int8 copy), or decoding workers, which fork and would keep the
+    hooks they inherit for good. With CTranslate2 (whose translator holds the qkv model for the passes
+    after its search) the hooks see no search of its, and every pass encodes again."""
     if model is None or getattr(translator, "model", None) is not model or getattr(translator, "workers", 1) > 1:
         return None
     return Encodings(model, translator.tokenizer.pad_id)

@@ -221,3 +221,23 @@ def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_chec
     assert cli.main([*run, "--n-best", "2"]) == 0  # the plain path (--n-best keeps it): the line without one is the same
     assert capsys.readouterr().out.splitlines()[4].split("\t")[0] == out[4]
     assert out[5].count("\t") == 2  # a line's tab-separated parts translated apart, the tabs kept
+
+
+def test_a_line_beyond_the_text_formats_bounds_goes_plain_alone(random_checkpoint):
+    # one such line used to send every marked line of its chunk down the plain path (a review)
+    import warnings
+
+    from qkv.cli.document import text_format_writer
+    from qkv.document.formats import MAX_SEGMENT_WORDS
+    from qkv.infer.search import DecodeConfig
+    from qkv.infer.translator import Translator
+    from qkv.io import checkpoint
+
+    loaded = checkpoint.load(random_checkpoint)
+    write = text_format_writer(Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=1)))
+    long = " ".join(["dog"] * (MAX_SEGMENT_WORDS + 1)) + "\tA cat"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the long line is cut to the model's positions, with a warning
+        out = write(["Visit https://example.com/dog today.", "A dog\tA cat", long])
+    assert len(out) == 3 and out[0].count("https://example.com/dog") == 1 and out[1].count("\t") == 1
+    assert "\t" not in out[2]  # the long line alone translated as a plain line

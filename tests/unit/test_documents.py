@@ -309,7 +309,12 @@ def test_text_ends_a_line_at_a_line_feed_only(inside):
 
 @pytest.mark.parametrize("text, format, expected", [
     ("Write to **a@b.de** now.\n", "markdown", "WRITE TO **a@b.de** NOW.\n"),
-    ("Write *a@b.de*.\n", "markdown", "WRITE *a@b.de*.\n"),
+    # where the element itself is not spaced on that side, the space stays inside, as the source had it
+    ('<p>Contact us at<a href="mailto:i@x.com"> i@x.com</a> today.</p>\n', "html",
+     '<p>CONTACT US AT<a href="mailto:i@x.com"> i@x.com</a> TODAY.</p>\n'),
+    ('<p>Write to <a href="mailto:i@x.com">i@x.com </a>today.</p>\n', "html",
+     '<p>WRITE TO <a href="mailto:i@x.com">i@x.com </a>TODAY.</p>\n'),
+    ("<p>Call<b> {x} a@b.de</b> now.</p>\n", "html", "<p>CALL<b> {x} a@b.de</b> NOW.</p>\n"),
     ("A dog runs to [https://x.org/](https://x.org/) here.\n", "markdown", "A DOG RUNS TO [https://x.org/](https://x.org/) HERE.\n"),
     ('<p>Call <a href="mailto:a@b.de">a@b.de</a> now.</p>\n', "html", '<p>CALL <a href="mailto:a@b.de">a@b.de</a> NOW.</p>\n'),
 ])
