@@ -161,8 +161,11 @@ def _insertion(offset: int, span: Span, source: str, source_words: list[tuple[in
         ta, tb = target_words[scores.best_target[k]]
         lead, trail = _edges(source[a:b])
         t_lead, t_trail = _edges(target[ta:tb])
-        if lead + trail >= b - a:  # a word of punctuation alone, "()": the same share of the target word
-            return ta + round((offset - a) / (b - a) * (tb - ta))
+        if lead + trail >= b - a:  # a word of punctuation alone, "()": the same share of the target word,
+            if t_lead + t_trail >= tb - ta:  # where that is punctuation alone too
+                return ta + round((offset - a) / (b - a) * (tb - ta))
+            # else beside its letters, never among them ('"%s"' aligned with "Mann": "%sMann", not "Ma%snn")
+            return ta + t_lead if 2 * (offset - a) <= b - a else tb - t_trail
         if offset <= a + lead:  # in its leading punctuation
             return ta + min(offset - a, t_lead)
         if offset >= b - trail:  # in its trailing punctuation: as far into the target word's

@@ -486,3 +486,17 @@ def test_a_dialogue_cue_comes_back_cut_at_the_space_nearest_its_middle_not_at_th
     cut = len(text[0])  # the space between the lines stands at this index of the joined text
     spaces = [i for i, c in enumerate(joined) if c == " "]
     assert abs(cut - middle) == min(abs(i - middle) for i in spaces), out
+
+
+def test_a_placeholder_between_punctuation_never_lands_among_a_words_letters():
+    # '"%s"' aligned with "Schild" came back "Sch%sild" (a review): beside the word, never inside it
+    import numpy as np
+
+    document = read('A man with "%s" here.\n', "text")
+    segment = document.segments[0]
+    assert segment.text.split() == ["A", "man", "with", '""', "here."]
+    weights = np.eye(5)  # target word k aligns with source word k: "Schild" with '""'
+    out = document.write([place(segment, "Ein Mann mit Schild hier.", weights)])
+    at = out.index("%s")
+    assert out.count("%s") == 1 and "Schild" in out  # the word whole
+    assert not (out[at - 1 : at].isalpha() and out[at + 2 : at + 3].isalpha())  # not between two letters
