@@ -28,37 +28,30 @@ def text_format_writer(translator):
     review: the line mode wrote "https://example.com/dog" as "Comomischen Horizont", and "A dog<TAB>A cat"
     as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line,
     the others as the text format translates them."""
-    from qkv.document.formats import MAX_BYTES, read
+    from qkv.document.formats import read
     from qkv.document.segments import PLACEHOLDER
-    from qkv.document.translate import translate_read
+    from qkv.document.translate import translate_segments
 
-    def fits(line: str) -> bool:  # within the text format's bounds for one line (words, markup)
+    def as_document(line: str):  # the line as the text format reads it; None beyond its bounds (words, markup, bytes)
         try:
-            read(line + "\n", "text")
+            return read(line + "\n", "text")
         except QkvError:
-            return False
-        return True
+            return None
 
     def write(lines: list[str]) -> list[str]:
-        marked = [i for i, line in enumerate(lines) if ("\t" in line or PLACEHOLDER.search(line)) and fits(line)]
-        kept = set(marked)
-        plain = [i for i in range(len(lines)) if i not in kept]
+        documents = {i: as_document(line) for i, line in enumerate(lines) if "\t" in line or PLACEHOLDER.search(line)}
+        documents = {i: document for i, document in documents.items() if document is not None}
+        plain = [i for i in range(len(lines)) if i not in documents]
         out = [""] * len(lines)
         for i, text in zip(plain, translator.translate([lines[i] for i in plain])):
             out[i] = text
-        groups: list[list[int]] = []  # the marked lines in documents within MAX_BYTES
-        size = MAX_BYTES
-        for i in marked:
-            if size + len(lines[i]) + 1 > MAX_BYTES:
-                groups.append([])
-                size = 0
-            groups[-1].append(i)
-            size += len(lines[i]) + 1
-        for group in groups:
-            document = read("".join(lines[i] + "\n" for i in group), "text")
-            placed = translate_read(translator, document).text.split("\n")[:-1]
-            for i, text in zip(group, placed, strict=True):
-                out[i] = text
+        # every marked line's segments in one batch, each line written back by its own document
+        placed, _ = translate_segments(translator, [s for document in documents.values() for s in document.segments])
+        at = 0
+        for i, document in documents.items():
+            n = len(document.segments)
+            out[i] = document.write(placed[at : at + n]).removesuffix("\n")
+            at += n
         return [" ".join(text.splitlines()) for text in out]  # never more than one output line per input line
 
     return write
