@@ -17,6 +17,7 @@ Which pieces write numbers is read from the tokenizer's vocabulary (``number_pie
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from qkv.data.text_tokenizer import TextTokenizer
@@ -60,15 +61,14 @@ def number_pieces(tokenizer: TextTokenizer) -> NumberPieces:
         return found
 
 
-def repeated_runs(tokens: list[int], max_n: int = 4) -> set[tuple[int, ...]]:
-    """The runs of one to ``max_n`` tokens that stand ``LOOP_REPEATS`` times back to back in ``tokens``."""
-    found = set()
+def repeated_runs(tokens: list[int], max_n: int = 4) -> Iterator[tuple[int, ...]]:
+    """Each run of one to ``max_n`` tokens that stands ``LOOP_REPEATS`` times back to back in ``tokens``,
+    as found (a run found at several places, each time)."""
     for n in range(1, max_n + 1):
         for start in range(len(tokens) - LOOP_REPEATS * n + 1):
             gram = tokens[start : start + n]
             if all(tokens[start + r * n : start + (r + 1) * n] == gram for r in range(1, LOOP_REPEATS)):
-                found.add(tuple(gram))
-    return found
+                yield tuple(gram)
 
 
 def loops(tokens: list[int], limit: int, max_n: int = 4, *, numbers: NumberPieces | None = None,
@@ -80,6 +80,12 @@ def loops(tokens: list[int], limit: int, max_n: int = 4, *, numbers: NumberPiece
     length limit, reached without an EOS)."""
     if len(tokens) >= limit:
         return True
-    copied = repeated_runs(source, max_n) if source else set()
-    return any((numbers is None or not numbers.write_a_number(list(gram))) and gram not in copied
-               for gram in repeated_runs(tokens, max_n))
+    copied = None  # the source's runs, read only once the output has one
+    for gram in repeated_runs(tokens, max_n):  # the first that counts ends the search
+        if numbers is not None and numbers.write_a_number(list(gram)):
+            continue
+        if copied is None:
+            copied = set(repeated_runs(source, max_n)) if source else set()
+        if gram not in copied:
+            return True
+    return False
