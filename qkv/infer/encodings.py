@@ -15,20 +15,31 @@ class Encodings:
     that the alignment pass does not encode the same sentences again (``encode``: ``model.encode`` for a
     batch, from what was kept where every sentence of it was, else computed). Hooks on the model's source
     embedding (its input: the batch) and final encoder norm (its output: the memory), removed on exit;
-    they read only the passes of the thread that made it (a server's batcher searches the same model beside it)."""
+    they read only the passes of the thread that made it (a server's batcher searches the same model beside it).
+    Entered again while it is active (a glossary's mending inside ``--confidence``'s pass), it keeps one
+    set of hooks; ``kept_encodings`` hands out the active one."""
+
+    _active: dict[tuple[int, int], Encodings] = {}  # (id of the model, thread): the Encodings entered there
 
     def __init__(self, model, pad_id: int) -> None:
         self.model, self.pad_id, self.kept, self.src, self.hooks = model, pad_id, {}, None, []
         self.thread = threading.get_ident()  # the thread that searches with it (its hooks see every thread's)
+        self.depth = 0
 
     def __enter__(self) -> Encodings:
-        self.hooks = [self.model.src_embed.register_forward_pre_hook(self._source),
-                      self.model.encoder_norm.register_forward_hook(self._memory)]
+        if self.depth == 0:
+            self.hooks = [self.model.src_embed.register_forward_pre_hook(self._source),
+                          self.model.encoder_norm.register_forward_hook(self._memory)]
+            Encodings._active[id(self.model), self.thread] = self
+        self.depth += 1
         return self
 
     def __exit__(self, *exc) -> None:
-        for hook in self.hooks:
-            hook.remove()
+        self.depth -= 1
+        if self.depth == 0:
+            for hook in self.hooks:
+                hook.remove()
+            Encodings._active.pop((id(self.model), self.thread), None)
 
     def _source(self, module, args) -> None:
         if threading.get_ident() != self.thread:
@@ -59,4 +70,5 @@ def kept_encodings(translator, model) -> Encodings | None:
     after its search) the hooks see no search of its, and every pass encodes again."""
     if model is None or getattr(translator, "model", None) is not model or getattr(translator, "workers", 1) > 1:
         return None
-    return Encodings(model, translator.tokenizer.pad_id)
+    active = Encodings._active.get((id(model), threading.get_ident()))
+    return active if active is not None else Encodings(model, translator.tokenizer.pad_id)

@@ -150,6 +150,23 @@ def test_the_light_pass_reads_the_encoder_outputs_the_search_made(model_dir, mon
     assert kept_encodings(translator, checkpoint.load(model_dir).model) is None  # another model's outputs do not fit
 
 
+def test_encodings_entered_again_keep_one_set_of_hooks(model_dir):
+    from qkv.infer.encodings import kept_encodings
+    from qkv.infer.translator import Translator
+
+    loaded = checkpoint.load(model_dir)
+    model = loaded.model
+    translator = Translator(model, loaded.tokenizer)
+    outer = kept_encodings(translator, model)
+    with outer:
+        inner = kept_encodings(translator, model)  # a glossary's mending inside the trust pass's
+        assert inner is outer
+        with inner:
+            assert len(model.src_embed._forward_pre_hooks) == 1
+        assert len(model.src_embed._forward_pre_hooks) == 1  # still the outer's
+    assert not model.src_embed._forward_pre_hooks and kept_encodings(translator, model) is not outer
+
+
 def qkv(*args, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "qkv", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
 
