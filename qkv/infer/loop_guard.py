@@ -7,7 +7,7 @@ A guard must never change a translation that is not a loop, so the rule is narro
   and number marks (``. , : / -``), at least one of them a digit. A tokenizer that writes one digit
   a piece writes ``2000`` as ``2 0 0 0`` and ``1999`` as ``1 9 9 9``: a number is never a loop by
   itself. A word written twice ("das das") is two copies, not three, and stays as the model wrote it.
-  Nor is a run the source repeats as often (the sign's "OOO", "Hello!!!"): the output copies it.
+  Nor is a run the source repeats as often (a sign's "OOO", a shouted "Stop!!!"): the output copies it.
 - or it reached the length limit without an EOS (a loop that runs out of room; digits included).
 
 Which pieces write numbers is read from the tokenizer's vocabulary (``number_pieces``); without it
@@ -75,7 +75,7 @@ def loops(tokens: list[int], limit: int, max_n: int = 4, *, numbers: NumberPiece
           source: list[int] | None = None) -> bool:
     """Whether an output loops (the module docstring): a run of one to ``max_n`` tokens ``LOOP_REPEATS``
     times back to back that does not write a number (``numbers``: the vocabulary's number pieces) and
-    that the ``source`` ids do not repeat as well (a sign reading "OOO", "Hello!!!": a copy, not a loop;
+    that the ``source`` ids do not repeat as well (a sign reading "OOO", a shouted "Stop!!!": a copy, not a loop;
     with a vocabulary shared by both sides the same ids), or ``limit`` tokens or more (the search's
     length limit, reached without an EOS)."""
     if len(tokens) >= limit:
