@@ -21,10 +21,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import regex
+
 # What a placeholder is, in every format: kept verbatim, out of the text the model reads, and put back
 # where the alignment says (qkv.document.placement). Longest alternatives first: a URL before its
 # parts, ``%(name)s`` before ``%s``.
-PLACEHOLDER = re.compile(
+PLACEHOLDER = regex.compile(
     r"""(?:https?|ftp)://[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]"""  # a URL, without a sentence's closing punctuation
     r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address (from the start of its run: linear)
     r"|%\([A-Za-z_]\w*\)[-#0+]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
@@ -33,6 +35,11 @@ PLACEHOLDER = re.compile(
     r"|\{\{\s*[\w.\[\]|:'\" -]+?\s*\}\}"  # {{ var }}, {{ user.name | upper }}
     r"|\{[A-Za-z_0-9]*(?:[.\[][\w.\[\]]*)?(?:![rsa])?(?::[^{}\n]*)?\}"  # {}, {0}, {name}, {a.b}, {:.2f}, {when:%Y-%m-%d}
     r"|`[^`\n]+`"  # inline code in plain text
+    # an emoji: a pictograph with its skin tone, its emoji presentation and the pictographs a zero-width
+    # joiner adds to it, a flag's two regional indicators, a keycap (not words the model can read: a
+    # Multi30k model's vocabulary has none, and the line lost them without a word)
+    r"|\p{Extended_Pictographic}[\p{Emoji_Modifier}\uFE0F]*(?:\u200D\p{Extended_Pictographic}[\p{Emoji_Modifier}\uFE0F]*)*"
+    r"|\p{Regional_Indicator}{2}|[0-9#*]\uFE0F?\u20E3"
 )
 _SPACE = re.compile(r"[ \t\n\r\f]+")  # HTML's ASCII whitespace: a no-break space is text, not space
 _CLOSING = ",.;:!?)]}\u00bb\u201d"  # punctuation that takes no space before it

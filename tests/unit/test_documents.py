@@ -299,6 +299,18 @@ def test_text_translates_a_lines_tab_separated_parts_apart_and_keeps_the_tabs():
         "A DOG\tA CAT\t\tA HORSE\r\n\n  INDENTED {x} HERE\t\n")
 
 
+def test_text_keeps_emoji_out_of_what_the_model_reads_and_puts_them_back():
+    # the model's vocabulary has no emoji: the line mode dropped them without a word (a newcomer's review)
+    family, thumb, flag, keycap = "\U0001F468\u200D\U0001F469\u200D\U0001F467", "\U0001F44D\U0001F3FD", "\U0001F1E9\U0001F1EA", "1\uFE0F\u20E3"
+    source = f"A dog \U0001F436 runs.\nA man {family} with {thumb} his family {flag}.\n{keycap} Two hearts \u2764\uFE0F here.\n"
+    document = read(source, "text")
+    assert [s.text for s in document.segments] == ["A dog runs.", "A man with his family.", "Two hearts here."]
+    assert [len(s.spans) for s in document.segments] == [1, 3, 2]
+    assert translated(source, "text") == (
+        f"A DOG \U0001F436 RUNS.\nA MAN {family} WITH {thumb} HIS FAMILY {flag}.\n{keycap} TWO HEARTS \u2764\uFE0F HERE.\n")
+    assert read("An arrow \u2192 and a star \u2605 stay text.\n", "text").segments[0].spans == []
+
+
 @pytest.mark.parametrize("inside", ["\u2028", "\u2029", "\x85", "\x0c", "\r", "\x0b"])
 def test_text_ends_a_line_at_a_line_feed_only(inside):
     # str.splitlines cut a line at each of these (a newcomer's review): one sentence became two fragments
