@@ -150,6 +150,7 @@ class ModelConfig:
     dropout: float = 0.1  # in [0, 1); on each sub-layer's output and on the embeddings plus positions, in training (section 5.4)
     attention_dropout: float = 0.0  # in [0, 1); on the attention weights, in training (not in the paper)
     activation_dropout: float = 0.0  # in [0, 1); inside the feed-forward network, after the activation (fairseq's relu_dropout)
+    word_dropout: float = 0.0  # in [0, 1); a source token's whole embedding dropped in training, the kept ones scaled up (Marian's --dropout-src; Sennrich and Zhang, 2019)
     activation: Activation = "relu"  # the feed-forward network's nonlinearity; the paper's is relu
     norm_first: bool = False  # pre-LN: layer norm before each sub-layer instead of after it (the paper is post-LN)
     layer_norm_eps: float = 1e-5  # > 0; added to the variance in every layer norm
@@ -182,7 +183,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
-        for name in ["dropout", "attention_dropout", "activation_dropout"]:
+        for name in ["dropout", "attention_dropout", "activation_dropout", "word_dropout"]:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.layer_norm_eps <= 0:

@@ -297,14 +297,16 @@ class Transformer(nn.Module):
         if self.generator.bias is not None:
             nn.init.zeros_(self.generator.bias)
 
-    def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0, word_dropout: float = 0.0) -> Tensor:
         x = embedding(tokens) * self.embed_scale  # (B, L) -> (B, L, D)
+        if word_dropout and self.training:  # a token's whole embedding, not its units: one draw per (B, L), scaled by 1/(1-p)
+            x = x * F.dropout(x.new_ones(x.shape[:-1] + (1,)), word_dropout)
         return self.dropout(self.positions(x, offset))
 
     def encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor, list[Tensor]]:
         """src: (B, S) token ids. Returns memory (B, S, D), src_mask (B, S), encoder self-attention weights."""
         src_mask = src != self.config.pad_id  # (B, S), True for real tokens
-        x = self._embed(self.src_embed, src)
+        x = self._embed(self.src_embed, src, word_dropout=self.config.word_dropout)
         weights = []
         for layer in self.encoder_layers:
             x, w = layer(x, src_mask, need_weights)

@@ -434,7 +434,7 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
 
 
-FINE_TUNING_OVERRIDES = ("dropout", "attention_dropout", "activation_dropout")  # what --init-from lets --model change
+FINE_TUNING_OVERRIDES = ("dropout", "attention_dropout", "activation_dropout", "word_dropout")  # what --init-from lets --model change
 
 
 def fine_tuning_model(parent: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:

@@ -208,6 +208,28 @@ def test_activation_dropout_drops_the_feed_forward_activations_in_training_only(
     assert all(type(layer.feed_forward.dropout).__name__ == "FastDropout" for layer in layers)
 
 
+def test_word_dropout_drops_whole_source_embeddings_in_training_only():
+    with pytest.raises(ConfigError, match="word_dropout must be in"):
+        ModelConfig(word_dropout=1.0)
+    model = make_model(word_dropout=0.5)  # tiny: dropout 0, so the embedding layer's output is the embeddings plus positions
+    src = torch.randint(1, V, (8, 40))
+    plain = model._embed(model.src_embed, src)  # (B, S, D)
+    positions = model.positions(torch.zeros_like(plain))
+    model.train()
+    torch.manual_seed(1)
+    dropped_out = model._embed(model.src_embed, src, word_dropout=0.5)
+    dropped = (dropped_out - positions).abs().amax(-1) == 0  # (B, S): the whole vector, or nothing of it
+    kept = ~dropped
+    torch.testing.assert_close(dropped_out[kept] - positions[kept], 2 * (plain[kept] - positions[kept]))  # scaled by 1 / (1 - p)
+    assert 0.35 < dropped.double().mean() < 0.65  # about half of the 320 tokens
+    torch.manual_seed(1)
+    memory, _, _ = model.encode(src)  # the encoder drops them (the decoder's tokens never)
+    assert not torch.allclose(memory, make_model().train().encode(src)[0])
+    model.eval()
+    torch.testing.assert_close(model.encode(src)[0], make_model().encode(src)[0], rtol=0, atol=0)  # never in translation
+    torch.testing.assert_close(model._embed(model.tgt_embed, src), plain)
+
+
 def test_fine_tuning_may_change_the_three_dropouts_and_nothing_else():
     from qkv.train.recipes import fine_tuning_model
 
