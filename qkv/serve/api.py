@@ -220,7 +220,9 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
             None, description="each text is a whole document in this format, translated with its markup, placeholders "
             "and structure kept, as `qkv translate --format` does (docs/documents.md); the translations are the "
             "documents. With glossary, numbers and confidence (then segments says each segment's); not with "
-            "n_best, sampling, attention or max_length"
+            "n_best, sampling, attention or max_length. Without a format, a request one of whose texts holds a "
+            "placeholder (a URL, an e-mail address, %s, {name}, an emoji) or a tab is translated as format text, "
+            "unless it asks for n_best, sampling, attention, max_length, confidence, a glossary or numbers"
         )
         sampling: StrictBool = Field(
             False, description="draw each token at random instead of searching (beam_size 1, n_best at most 1)"

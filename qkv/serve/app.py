@@ -38,6 +38,7 @@ from qkv.errors import QkvError
 from qkv.data.sentences import TextOptions, prepare_line
 from qkv.io import checkpoint
 from qkv.inspect.trust import calibration_of
+from qkv.document.segments import PLACEHOLDER
 from qkv.serve.batcher import Batcher, Busy, Job
 from qkv.serve.documents import DocumentTranslator
 from qkv.serve.work import (
@@ -214,6 +215,18 @@ WORK_RULES = (
 )
 
 
+def kept_as_text(body) -> bool:
+    """Whether a request of texts without a format is translated as ``format: "text"``: one of its texts holds a
+    placeholder (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``%s``, ``{name}``, an emoji) or
+    a tab, and it asks for nothing the text format does not give (n_best, sampling, attention, max_length,
+    confidence, a glossary, numbers), as ``qkv translate`` keeps plain lines (``qkv.cli.document.text_format_writer``)."""
+    if body.n_best is not None or body.sampling or body.attention or body.max_length is not None or body.confidence:
+        return False
+    if body.glossary is not None or body.numbers:
+        return False
+    return any("\t" in text or PLACEHOLDER.search(text) for text in body.texts)
+
+
 def too_much_work(work: Work, settings: Settings, limit: int) -> str:
     """The 422's message: the request's units, part by part, and what to change."""
     parts = f"{work.source} for source tokens, {work.output} for output tokens"
@@ -331,6 +344,8 @@ def create_app(
                                   f"this server searches with CTranslate2 (--engine ctranslate2): no {field}; ask a qkv-engine server")
         if body.format is not None:
             return await _document(body, settings)
+        if kept_as_text(body):  # as qkv translate's plain lines: a URL or an emoji the model would rewrite or drop
+            return await _document(body.model_copy(update={"format": "text"}), settings)
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
         whole = body.n_best is not None or body.max_length is not None or body.glossary is not None or body.numbers
         try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's

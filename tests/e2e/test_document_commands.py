@@ -145,6 +145,30 @@ def test_the_server_gives_the_commands_document_and_charges_it(tiny_run, tmp_pat
     assert nbest.status_code == 422 and "n_best" in nbest.text
 
 
+def test_the_server_keeps_a_plain_texts_placeholders_as_the_command_keeps_a_lines(tiny_run, tmp_path):
+    # a newcomer's review: the server's texts without a format let the model rewrite URLs and drop emoji
+    app = create_app(tiny_run, max_request_work=10**7, max_queue_work=10**7)
+    texts = ["A man writes to john.doe@example.com now.", "A dog \U0001F436 runs to https://example.com/dog now.", "A dog runs."]
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=300) as client:
+                plain = await client.post("/v1/translate", json={"texts": texts, "beam_size": 2})
+                scored = await client.post("/v1/translate", json={"texts": texts, "beam_size": 2, "n_best": 1})
+                return plain, scored
+
+    plain, scored = asyncio.run(scenario())
+    assert plain.status_code == 200 and scored.status_code == 200, plain.text
+    out = plain.json()["translations"]
+    for line, kept in zip(out, (["john.doe@example.com"], ["\U0001F436", "https://example.com/dog"], [])):
+        assert all(line.count(k) == 1 for k in kept), line
+    command = qkv("translate", "--checkpoint", tiny_run, "--beam", "2", "--loop-guard", "0", cwd=tmp_path, stdin="\n".join(texts) + "\n")
+    assert command.returncode == 0, command.stderr
+    assert out == command.stdout.splitlines()  # what the command gives the same lines
+    assert "https://example.com/dog" not in scored.json()["translations"][1]  # n_best searches the text as written
+
+
 HOSTILE = ('<p>A dog <b>runs</b>.</p><script>parent.document.title = "ran";</script>'
            '<img src="missing.png" onerror="parent.document.title = \'ran\'">')
 
