@@ -92,13 +92,41 @@ def _segment(line: str, lang: str) -> list[str]:
     return _rejoined(out, lang)
 
 
+_LINE_BREAK = re.compile(r"\s*\n\s*")  # a line feed with the whitespace around it (blank lines, indents, CRs)
+
+
 def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
     """The sentences of ``line`` (each stripped, none empty) and the whitespace between them (one fewer),
     by sentencex's rules for ``lang`` (an ISO 639 code; an unknown one falls back to its English rules).
-    A piece without a letter goes with the sentence after it (or, last, before it). A piece that ends
-    in a number after a comma or semicolon gives the number to the next piece when what stays is at
-    least two words (a list item), else is no sentence of its own (a date). A blank line has none.
-    Linear in the line's length: each piece is read once, however many wait for a sentence."""
+    A line feed ends a sentence, as ``qkv translate`` reads each line apart (the server's texts: "A day
+    at the beach\nA family ..." was one sentence, the model's output a blend of both); the whitespace
+    around it, the line feed included, is what joins the two. Within a line: a piece without a letter
+    goes with the sentence after it (or, last, before it). A piece that ends in a number after a comma
+    or semicolon gives the number to the next piece when what stays is at least two words (a list
+    item), else is no sentence of its own (a date). A blank line has none. Linear in the line's length:
+    each piece is read once, however many wait for a sentence."""
+    if "\n" not in line:
+        return _split_line(line, lang)
+    sentences: list[str] = []
+    spaces: list[str] = []
+    parts = _LINE_BREAK.split(line)
+    breaks = _LINE_BREAK.findall(line)  # one fewer than parts
+    gap = ""  # the line breaks since the last sentence
+    for i, part in enumerate(parts):
+        found, between = _split_line(part, lang)
+        if found:
+            if sentences:
+                spaces.append(gap)
+            sentences += found
+            spaces += between
+            gap = ""
+        if i < len(breaks) and sentences:
+            gap += breaks[i]
+    return sentences, spaces
+
+
+def _split_line(line: str, lang: str) -> tuple[list[str], list[str]]:
+    """``split_sentences`` of a line without a line feed."""
     groups: list[str] = []  # each sentence's text with its whitespace
     pending: list[str] = []  # pieces waiting for a sentence (joined only once a sentence takes them)
     letters = False  # whether the pending pieces hold a letter

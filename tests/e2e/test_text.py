@@ -69,7 +69,11 @@ def test_the_server_splits_recases_and_guards_as_qkv_translate_does(tiny_run, tm
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://qkv", timeout=60) as client:
                 return [(await client.post("/v1/translate", json=body)).json() for body in bodies]
 
-    split, whole = asyncio.run(post([{"texts": texts}, {"texts": texts, "split": False, "keep_case": True}]))
+    broken = SENTENCES[0].rstrip(".") + "\n" + CAPS.rstrip(".") + "\nA dog"  # no full stop: one sentence to sentencex
+    split, whole, lines = asyncio.run(post([{"texts": texts}, {"texts": texts, "split": False, "keep_case": True}, {"texts": [broken]}]))
     assert split["translations"] == translate(capsys, tmp_path, tiny_run, texts)  # the command line's defaults
     assert whole["translations"] == translate(capsys, tmp_path, tiny_run, texts, "--no-split", "--keep-case")
     assert split["translations"][0] != whole["translations"][0] and not looping(split["translations"][1])
+    # a text's lines are translated as the command translates lines, and its line breaks come back (a review)
+    one, two, three = translate(capsys, tmp_path, tiny_run, [SENTENCES[0].rstrip("."), CAPS.rstrip("."), "A dog"])
+    assert lines["translations"] == [f"{one}\n{two}\n{three}"]

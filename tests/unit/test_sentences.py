@@ -53,6 +53,17 @@ def test_the_whitespace_between_sentences_is_kept():
     assert Line(sentences, spaces, [AS_IS] * 3).join(["Ein Hund.", "Eine Katze.", "Eine Kuh."]) == "Ein Hund.  Eine Katze.\tEine Kuh."
 
 
+def test_a_line_feed_ends_a_sentence_and_comes_back_between_the_translations():
+    # the server's texts (a newcomer's review): "A day at the beach\nA family ..." was read as one sentence
+    sentences, spaces = split_sentences("A man on a bike\nA dog in the snow \r\n\n  - A girl with a kite\n", "en")
+    assert sentences == ["A man on a bike", "A dog in the snow", "- A girl with a kite"] and spaces == ["\n", " \r\n\n  "]
+    line = prepare_line("A DAY AT THE BEACH\nA dog runs. A cat sleeps.", TextOptions(split="en", recase=True))
+    assert line.sentences == ["A day at the beach", "A dog runs.", "A cat sleeps."] and line.spaces == ["\n", " "]
+    assert line.join(["Ein Tag am Strand", "Ein Hund rennt.", "Eine Katze schläft."]) == (
+        "EIN TAG AM STRAND\nEin Hund rennt. Eine Katze schläft.")
+    assert split_sentences("\n\nA dog runs.\n\n", "en") == (["A dog runs."], [])
+
+
 def test_capitals_are_translated_in_sentence_case_and_written_back():
     assert case_of("TWO DOGS RUN IN THE SNOW.") == UPPER
     assert case_of("NASA") == UPPER and case_of("USA") == AS_IS  # under four letters: a word, not a sentence
