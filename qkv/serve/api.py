@@ -76,6 +76,8 @@ class TermOut(BaseModel):
                               "aligns to (a model with an alignment head), with no second search")
     unplaceable: bool = Field(description="whether the constrained search found no output with every term within its "
                               "length limit (the first translation is kept, its missing terms null)")
+    sentence: int | None = Field(None, description="where the text was cut into sentences: the 0-based index of the "
+                                 "term's sentence (its source_words and target_words count within that sentence)")
 
 
 class Candidate(BaseModel):
@@ -194,27 +196,27 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
         )
         split: StrictBool = Field(
             True, description="cut each text into sentences by the source language's rules, translate them in one "
-            "batch and join their translations (false: each text is one sentence); attention and confidence then "
-            "describe each sentence searched; not with n_best, glossary or max_length, which describe or bound one "
-            "search of each text as sent"
+            "batch and join their translations (false: each text is one sentence); attention, confidence and a "
+            "glossary's terms then describe each sentence searched; not with n_best or max_length, which describe or "
+            "bound one search of each text as sent"
         )
         keep_case: StrictBool = Field(
             False, description="translate a sentence in capitals or in Title Case as it is (default: in sentence "
-            "case, and the translation of one in capitals written back in capitals); as split, not with n_best, "
-            "glossary or max_length"
+            "case, and the translation of one in capitals written back in capitals); as split, not with n_best "
+            "or max_length"
         )
         glossary: list[Entry] | None = Field(
             None, max_length=MAX_GLOSSARY_TERMS,
             description=f"terms every translation must use: at most {MAX_GLOSSARY_TERMS} entries [source term, target "
             f"term, further accepted forms...] (2 to {MAX_TERM_FORMS} strings of 1 to {MAX_TERM_CHARS} characters; "
-            "docs/glossary.md); the answer's terms say where each went. Each text is one sentence, as with n_best; "
-            "not with n_best or sampling",
+            "docs/glossary.md); the answer's terms say where each went. Each text is cut into sentences and recased "
+            "as without it (split, keep_case), as `qkv translate --glossary` does; not with n_best or sampling",
         )
         numbers: StrictBool = Field(
             False, description="every number a text writes in digits must stand in its translation, checked and "
             "searched for as a glossary term (docs/glossary.md#numbers, as `qkv translate --numbers`); the answer's "
             "terms say where each went. With a glossary, its terms win where a term and a number overlap. Each text "
-            "is one sentence, as with a glossary; not with n_best or sampling",
+            "is cut into sentences as with a glossary; not with n_best or sampling",
         )
         format: Literal["text", "html", "markdown", "srt", "vtt", "po"] | None = Field(
             None, description="each text is a whole document in this format, translated with its markup, placeholders "

@@ -347,7 +347,8 @@ def create_app(
         if kept_as_text(body):  # as qkv translate's plain lines: a URL or an emoji the model would rewrite or drop
             return await _document(body.model_copy(update={"format": "text"}), settings)
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
-        whole = body.n_best is not None or body.max_length is not None or body.glossary is not None or body.numbers
+        whole = body.n_best is not None or body.max_length is not None  # a glossary's and numbers' texts are cut as the command cuts them
+        options = None
         try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's
             if (body.split or not body.keep_case) and not whole:
                 options = TextOptions(split=src_lang if body.split else None, recase=not body.keep_case)
@@ -368,7 +369,7 @@ def create_app(
                 parts = await batcher.glossary_work(src_ids, settings, texts, reserve=parts.total)
                 if parts.total > max_work:
                     return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
-            job = batcher.submit(body.texts, src_ids, settings, parts.total, lines=lines)
+            job = batcher.submit(body.texts, src_ids, settings, parts.total, lines=lines, text=options if lines is not None else None)
         except Busy as busy:
             return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         except Exception:  # a bug or a third-party library's failure: the client gets JSON, the log the traceback

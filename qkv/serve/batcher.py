@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.data.sentences import AS_IS, Line
+from qkv.data.sentences import AS_IS, Line, TextOptions
 from qkv.infer.terms import CONSTRAINED_BEAM, constraint_forms, translate_with_glossary
 from qkv.inspect.terms import alignment_substitution, place
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
@@ -82,6 +82,7 @@ class Job:
     work: int
     future: asyncio.Future
     lines: list[Line] | None = None  # the texts cut into the sentences that ``src_ids`` encode (qkv.data.sentences)
+    text: TextOptions | None = None  # how ``lines`` were cut and cased: a glossary's translation cuts the texts the same way
     n_tokens: int = 0  # source tokens, each sentence's EOS included
 
     def __post_init__(self) -> None:
@@ -289,9 +290,9 @@ class Batcher:
         self.pending_work += work
 
     def submit(self, texts: list[str], src_ids: list[list[int]], settings: Settings, work: int,
-               lines: list[Line] | None = None) -> Job:
+               lines: list[Line] | None = None, text: TextOptions | None = None) -> Job:
         self._admit(work)
-        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines)
+        job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines, text=text)
         job.future.add_done_callback(lambda _: self._release(job))
         self._queue.put_nowait(job)
         self.stats.requests += 1
@@ -423,11 +424,13 @@ class Batcher:
         translator = self.make_translator(config, max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences)
         if search.glossary is not None:  # its own group: the glossary's translation, then where each term went
             out = []
-            for job in jobs:
-                results = translate_with_glossary(translator, job.texts, search.glossary,
+            for job in jobs:  # each text cut into sentences and recased as job.lines are (qkv translate --glossary's way)
+                mine = translator if job.text is None else self.make_translator(
+                    config, max_tokens=self.max_batch_tokens, max_sentences=self.max_batch_sentences, text=job.text)
+                results = translate_with_glossary(mine, job.texts, search.glossary,
                                                   align=alignment_substitution(self.model, self.tokenizer))
                 place(self.model, self.tokenizer, results)
-                hyps = [[Hypothesis(r.sentences[0].tokens, math.nan, math.nan)] for r in results]
+                hyps = [[Hypothesis(s.tokens, math.nan, math.nan)] for r in results for s in r.sentences]
                 out.append(self._answer(job, hyps, config, terms=[r.terms() for r in results]))
             return out
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
@@ -440,8 +443,7 @@ class Batcher:
     def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
         """One request's JSON body from the hypotheses of the sentences it searched, best first (and with a
         glossary, ``terms``: each text's terms, ``GlossaryTranslation.terms``). Each text's translation is
-        its sentences' joined back (``job.lines``: split, recased; never with n_best, a glossary or
-        max_length); its confidence and attention read the sentences as the model read and wrote them."""
+        its sentences' joined back (``job.lines``: split, recased; never with n_best or max_length); its confidence and attention read the sentences as the model read and wrote them."""
         outputs = [self.tokenizer.decode(h[0].tokens) for h in hyps]  # one a sentence searched
         lines = job.lines or [Line([text], [], [AS_IS]) for text in job.texts]
         spans, start = [], 0  # each text's sentences: outputs[a:b], job.src_ids[a:b]

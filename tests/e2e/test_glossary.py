@@ -252,6 +252,35 @@ def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
     assert "terms" not in without.json() and without.json()["translations"][1] == answer["translations"][1]
 
 
+def test_the_server_cuts_and_recases_a_glossarys_texts_as_the_command_does(tiny_run, tmp_path):
+    # a newcomer's review: a glossary (or numbers) made the server search a paragraph whole, in capitals
+    import asyncio
+
+    from qkv.data.sentences import TextOptions
+
+    text = SOURCES[0] + " " + SOURCES[2].upper()
+    app = create_app(tiny_run, loop_guard=2)  # what qkv serve runs by default
+    body = {"texts": [text, SOURCES[3]], "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
+
+    async def scenario():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
+                return await client.post("/v1/translate", json=body)
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 200, answer.text
+    loaded = checkpoint.load(tiny_run)
+    translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=4, loop_guard=2), text=TextOptions(split="en", recase=True))
+    expected = translate_with_glossary(translator, [text, SOURCES[3]], Glossary.parse(ENTRIES))
+    assert len(expected[0].sentences) == 2 and answer.json()["translations"] == [r.text for r in expected]
+    assert [(t["source"], t.get("sentence")) for t in answer.json()["terms"][0]] == [
+        ("man", 0), ("blue shirt", 0), ("ladder", 0), ("RED", 1), ("UMBRELLA", 1), ("DOG", 1), ("DOG", 1)]
+    command = qkv("translate", "--checkpoint", tiny_run, "--beam", "4", "--glossary", tmp_path / "g.tsv", cwd=tmp_path,
+                  stdin=text + "\n") if (tmp_path / "g.tsv").write_text("".join(e + "\n" for e in ENTRIES)) else None
+    assert command.returncode == 0 and command.stdout.splitlines() == [expected[0].text], command.stderr
+
+
 def test_pseudo_terms_then_term_aware_fine_tuning(random_checkpoint, tmp_path):
     from tests.conftest import RANDOM_MODEL_SENTENCES
 
