@@ -104,8 +104,9 @@ class Translator:
 
     Defaults that differ from ``qkv translate``'s: the command line cuts lines into sentences and
     recases them (``text=TextOptions(split=<source language>, recase=True)``) and runs the loop guard
-    (``DecodeConfig(loop_guard=2)``); a Translator does neither unless given them, so that a sentence is
-    searched exactly as written. ``qkv.translate_with_confidence(translator, texts)`` gives what ``qkv
+    (``config=dataclasses.replace(translator.config, loop_guard=2)``, which keeps the checkpoint's length
+    penalty: a ``DecodeConfig(loop_guard=2)`` of your own has the default 0.6); a Translator does neither
+    unless given them, so that a sentence is searched exactly as written. ``qkv.translate_with_confidence(translator, texts)`` gives what ``qkv
     translate --confidence`` gives, with the checkpoint's own calibration.
 
     Making a Translator changes nothing process-wide. On the CPU, call ``qkv.model.cpu.tune_allocator()``
