@@ -1,20 +1,28 @@
-"""Markdown in, Markdown out (CommonMark, with tables and front matter), through markdown-it-py and mdformat.
+"""Markdown in, Markdown out (CommonMark, with GitHub's extensions and front matter), through markdown-it-py and mdformat.
 
-markdown-it-py parses the document as CommonMark says (with GitHub's tables and a YAML front
-matter block between ``---`` lines); each block's inline content (a paragraph, a heading, a table cell, a list item's text)
-is one segment, its emphasis, strong emphasis and links spans over it; code spans, inline HTML, hard
-breaks and autolinks are voids kept verbatim, and an image is a void whose alt text is translated on
-its own. Fenced and indented code, HTML blocks and the front matter are kept as they are. mdformat's
+markdown-it-py parses the document as CommonMark says, with GitHub's extensions (mdformat-gfm: tables,
+strikethrough, task lists, bare www. and http links), footnotes and a YAML front matter block between
+``---`` lines; each block's inline content (a paragraph, a heading, a table cell, a list item's text) is one
+segment, its emphasis, strong emphasis, strikethrough and links spans over it; code spans, inline
+HTML, hard breaks, autolinks and footnote references (mdformat-footnote; a footnote's text is a segment
+of its own) are voids kept verbatim, and a task's box and an alert's marker (``> [!NOTE]``) stay at
+their block's start; an image is a void whose alt text is translated on its own. Fenced and indented code, HTML blocks and the front matter are kept as they are. mdformat's
 renderer writes the tokens back, so the output is the same document in mdformat's normal form (its
 emphasis markers, list markers and line breaks: a paragraph comes back on one line).
 """
 
 from __future__ import annotations
 
+import re
+
 from qkv.errors import QkvError
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
 
-_EXTENSIONS = ("tables", "frontmatter")
+# mdformat-gfm (its tables are mdformat-tables), mdformat-footnote and mdformat-frontmatter
+_EXTENSIONS = ("gfm", "footnote", "frontmatter")
+# An alert's marker at a block quote's start ("> [!NOTE]", GitHub's; CommonMark's text), kept verbatim:
+# taken out of the segment and put back first, its line break after it, as a task's box is.
+_LEADING_MARK = re.compile(r"\[![A-Za-z]+\]\s*$")
 MAX_NESTING = 100  # block levels (a list level is two: the list and its item); markdown-it's CommonMark preset stops at 20
 
 
@@ -43,7 +51,7 @@ def _parser():
     md.options["mdformat"] = {}
     md.options["store_labels"] = True  # reference links keep their labels
     md.options["parser_extension"] = []
-    for name in _EXTENSIONS:  # mdformat-tables and mdformat-frontmatter: their parser rules and renderers
+    for name in _EXTENSIONS:  # their parser rules and renderers
         plugin = mdformat.plugins.PARSER_EXTENSIONS[name]
         md.options["parser_extension"].append(plugin)
         plugin.update_mdit(md)
@@ -54,21 +62,38 @@ def _parser():
 
 def read_markdown(text: str, target_lang: str | None = None) -> Document:
     """A Markdown document as segments and a writer (module docstring)."""
+    from markdown_it.token import Token
+
     md = _parser()
     env: dict = {}
     tokens = md.parse(text, env)
-    segments, inlines, alts = [], [], []
+    segments, inlines, alts, boxes = [], [], [], {}
     for token in tokens:
         if token.type != "inline" or not token.children:
             continue
         builder = SegmentBuilder()
         children = token.children
+        if children[0].type == "html_inline" and "task-list-item-checkbox" in children[0].content:
+            boxes[id(token)] = [children[0]]  # a task's box: put back first, where mdformat-gfm's renderer reads it
+            children = children[1:]
+        elif children[0].type == "text" and (mark := _LEADING_MARK.match(children[0].content)):
+            rest = children[0].content[mark.end() :]
+            lead = [Token("text", "", 0, content=mark.group())]
+            children = ([Token("text", "", 0, content=rest)] if rest else []) + children[1:]
+            if not rest and children and children[0].type == "softbreak":  # "> [!NOTE]" on a line of its own
+                lead.append(children[0])
+                children = children[1:]
+            boxes[id(token)] = lead
+            if not children:
+                continue
         stack: list[list] = []
         i = 0
         while i < len(children):
             child = children[i]
-            if child.type == "link_open" and child.markup == "autolink":  # <https://...>: kept whole
-                end = next(j for j in range(i, len(children)) if children[j].type == "link_close")
+            if (child.type == "link_open" and child.markup == "autolink") or child.type == "gfm_autolink_open":
+                # <https://...>, and GitHub's bare www.x.org and https://x.org: kept whole
+                close = "gfm_autolink_close" if child.type == "gfm_autolink_open" else "link_close"
+                end = next(j for j in range(i, len(children)) if children[j].type == close)
                 builder.void(children[i : end + 1])
                 i = end + 1
                 continue
@@ -105,6 +130,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             child.content = alt
         for index, token in inlines:
             token.children = _tokens(placed[index], Token)
+            if id(token) in boxes:
+                token.children[:0] = boxes[id(token)]
             texts = [t for t in token.children if t.type == "text"]
             for t in texts:
                 t.content = t.content.replace("  ", " ")

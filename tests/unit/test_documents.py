@@ -340,6 +340,18 @@ def test_unknown_format_is_refused():
         read("x", "docx")
 
 
+def test_markdown_keeps_githubs_task_boxes_strikethrough_alerts_footnotes_and_bare_links():
+    # a newcomer's review: CommonMark alone read these as text, and the model dropped or moved them
+    source = ("- [ ] A dog runs.\n- [x] Two men play.\n\nA man ~~walks~~ runs in the park.[^1]\n\n"
+              "> [!NOTE]\n> A woman sits.\n\nVisit www.example.com now.\n\n[^1]: A note about the park.\n")
+    document = read(source, "markdown")
+    assert [s.text for s in document.segments] == [
+        "A dog runs.", "Two men play.", "A man walks runs in the park.", "A woman sits.", "Visit now.", "A note about the park."]
+    assert translated(source, "markdown") == (
+        "- [ ] A DOG RUNS.\n- [x] TWO MEN PLAY.\n\nA MAN ~~WALKS~~ RUNS IN THE PARK.[^1]\n\n"
+        "> [!NOTE]\n> A WOMAN SITS.\n\nVISIT www.example.com NOW.\n\n[^1]: A NOTE ABOUT THE PARK.\n")
+
+
 def test_markdown_writes_an_element_that_could_not_be_placed_as_nothing_not_as_stray_markers():
     document = read("A *very* fast dog.\n", "markdown")
     (seg,) = document.segments
