@@ -105,6 +105,10 @@ def translate(args: argparse.Namespace) -> int:
         advance = stack.enter_context(line_progress(args))
         if glossary is not None:
             write = glossary_writer(args, translator, glossary, annotate)
+            if annotate is None and not args.glossary_report:  # placeholders kept as without a glossary
+                from qkv.cli.document import text_format_writer
+
+                write = text_format_writer(translator, write, glossary, args.glossary_always)
         elif annotate is None and args.n_best == 1:  # placeholders and tab-separated parts as --format text has them
             from qkv.cli.document import text_format_writer
 

@@ -20,17 +20,21 @@ def document_format(path: str | None) -> str | None:
     return None if found == "text" else found
 
 
-def text_format_writer(translator):
+def text_format_writer(translator, plain=None, glossary=None, glossary_always: bool = False):
     """For ``translate_stream``'s plain lines: input lines -> output lines, each line that holds a placeholder
     (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``{name}``, ``%s``, inline code) or a
     tab translated as ``--format text`` translates it: the placeholder kept verbatim and put back where the
     model's alignment says, each tab-separated part apart; the other lines as without it (a newcomer's
     review: the line mode wrote "https://example.com/dog" as "Comomischen Horizont", and "A dog<TAB>A cat"
     as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line,
-    the others as the text format translates them."""
+    the others as the text format translates them. ``plain``: lines -> translations for the other lines
+    (None: ``translator.translate``); ``glossary``: the terms the marked lines' translations must hold,
+    as ``--format text --glossary`` puts them (with ``plain`` the glossary's writer for the others)."""
     from qkv.document.formats import read
     from qkv.document.segments import PLACEHOLDER
     from qkv.document.translate import translate_segments
+
+    translate_plain = plain or translator.translate
 
     def as_document(line: str):  # the line as the text format reads it; None beyond its bounds (words, markup, bytes)
         try:
@@ -41,12 +45,13 @@ def text_format_writer(translator):
     def write(lines: list[str]) -> list[str]:
         documents = {i: as_document(line) for i, line in enumerate(lines) if "\t" in line or PLACEHOLDER.search(line)}
         documents = {i: document for i, document in documents.items() if document is not None}
-        plain = [i for i in range(len(lines)) if i not in documents]
+        unmarked = [i for i in range(len(lines)) if i not in documents]
         out = [""] * len(lines)
-        for i, text in zip(plain, translator.translate([lines[i] for i in plain])):
+        for i, text in zip(unmarked, translate_plain([lines[i] for i in unmarked]) if unmarked else []):
             out[i] = text
         # every marked line's segments in one batch, each line written back by its own document
-        placed, _ = translate_segments(translator, [s for document in documents.values() for s in document.segments])
+        placed, _ = translate_segments(translator, [s for document in documents.values() for s in document.segments],
+                                       glossary=glossary, glossary_always=glossary_always)
         at = 0
         for i, document in documents.items():
             n = len(document.segments)

@@ -249,6 +249,23 @@ def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_chec
     assert out[5].count("\t") == 2  # a line's tab-separated parts translated apart, the tabs kept
 
 
+def test_plain_lines_keep_their_placeholders_with_a_glossary_too(random_checkpoint, tmp_path, capsys):
+    # a newcomer's review: with --glossary the model read the URL and {name}, and wrote neither
+    from qkv.cli import main as cli
+
+    lines = ["Hello {name}, a dog runs to https://example.com/dog now.", "A dog runs across the green field."]
+    source, glossary = tmp_path / "in.txt", tmp_path / "terms.tsv"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    glossary.write_text("dog\tHund\n", encoding="utf-8")
+    run = ["translate", "--checkpoint", str(random_checkpoint), "-i", str(source), "--beam", "2", "--workers", "1", "--glossary", str(glossary)]
+    assert cli.main(run) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(out[0].count(k) == 1 for k in ("{name}", "https://example.com/dog")), out
+    assert all("Hund" in line for line in out), out  # the term in both, the marked line's and the plain one's
+    assert cli.main([*run, "--format", "text"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == out[0]  # what --format text --glossary gives that line
+
+
 def test_a_line_beyond_the_text_formats_bounds_goes_plain_alone(random_checkpoint):
     # one such line used to send every marked line of its chunk down the plain path (a review)
     import warnings
