@@ -6,7 +6,10 @@ comments, references, contexts and obsolete entries. Plural entries get as many 
 header's ``Plural-Forms`` says (``nplurals``): the first the translation of ``msgid``, the others of
 ``msgid_plural``. Placeholders (``%s``, ``%(name)s``, ``{name}``, ``{0}``, URLs; ``qkv.document.segments``)
 are kept out of the text the model reads and come back verbatim, in their source order, so that
-``msgfmt --check`` accepts the catalogue. An entry's leading and trailing whitespace (a final ``\\n``)
+``msgfmt --check`` accepts the catalogue. Inline HTML in a message (a web framework's ``<a href="...">the
+park</a>``, ``<b>``, ``<br>``) is markup as in an HTML page: an element whose end tag closes it is a span
+over its words, put around their translation by the alignment, its tags written back as the message had
+them; any other tag is kept verbatim as a void (read by Python's ``html.parser``). An entry's leading and trailing whitespace (a final ``\\n``)
 and its line breaks and tabs are kept. A string polib would read wrong (not closed on its line, or with an
 escape polib does not read) and a header with more than ``MAX_NPLURALS`` plural forms are refused. With ``--confidence``, an entry whose translation is flagged is marked ``fuzzy``.
 """
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import re
 
+from html.parser import HTMLParser
+
 from qkv.errors import QkvError
-from qkv.document.segments import Document, flatten, plain_segment
+from qkv.document.segments import Document, Segment, SegmentBuilder, flatten, plain_segment
 
 _NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
 MAX_NPLURALS = 10  # gettext's languages need at most 6 plural forms; each is a segment to translate
@@ -70,6 +75,78 @@ def _check_complete(text: str, po) -> None:
             raise QkvError(f"line {n}: this entry could not be read (a string not closed, or a keyword missing)")
 
 
+_TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>")  # only a message that holds one is read for markup
+
+
+class _Markup(HTMLParser):
+    """A message's text and tags, in order, each as written: ("text", s), ("start"/"end"/"void", tag's text, name)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)  # entities stay as written: they are the message's text
+        self.events: list[tuple] = []
+
+    def handle_data(self, data: str) -> None:
+        self.events.append(("text", data))
+
+    def handle_entityref(self, name: str) -> None:
+        self.events.append(("text", f"&{name};"))
+
+    def handle_charref(self, name: str) -> None:
+        self.events.append(("text", f"&#{name};"))
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        self.events.append(("start", self.get_starttag_text(), tag))
+
+    def handle_startendtag(self, tag: str, attrs) -> None:
+        self.events.append(("void", self.get_starttag_text(), tag))
+
+    def handle_endtag(self, tag: str) -> None:
+        self.events.append(("end", None, tag))
+
+    def unknown_decl(self, data: str) -> None:
+        self.events.append(("void", f"<![{data}]>", ""))
+
+    def handle_comment(self, data: str) -> None:
+        self.events.append(("void", f"<!--{data}-->", ""))
+
+
+def _marked_segment(text: str, where: str) -> Segment:
+    """``text`` with its inline tags as spans (an element closed by its end tag) and voids (any other tag).
+    The end tags' own text is read from the message, so that it comes back as written."""
+    parser = _Markup()
+    parser.feed(text)
+    parser.close()
+    events = parser.events
+    ends = [m.group() for m in _TAG.finditer(text) if m.group().startswith("</")]  # the end tags as written, in order
+    closing: dict[int, int] = {}  # a start event's index -> its end event's
+    open_at: list[tuple[int, str]] = []
+    for i, event in enumerate(events):
+        if event[0] == "start":
+            open_at.append((i, event[2]))
+        elif event[0] == "end" and open_at and open_at[-1][1] == event[2]:
+            closing[open_at.pop()[0]] = i
+    builder = SegmentBuilder()
+    tags: dict[int, list] = {}  # an end event's index -> the span's tag, [start text, end text]
+    end_texts = iter(ends)
+    for i, event in enumerate(events):
+        kind = event[0]
+        if kind == "text":
+            builder.text(event[1])
+        elif kind == "start" and i in closing:
+            tags[closing[i]] = [event[1], None]
+            builder.open(tags[closing[i]])
+        elif kind == "end":
+            written = next(end_texts, f"</{event[2]}>")
+            if i in tags:
+                tags[i][1] = written
+                builder.close()
+            else:
+                builder.void(written, separates=False)
+        else:  # a start tag never closed (<br>, <img>), a self-closing one, a comment
+            builder.void(event[1], separates=event[2] in ("br", "hr"))
+    return builder.build(where)
+
+
 def read_po(text: str, target_lang: str | None = None) -> Document:
     import polib
 
@@ -92,6 +169,8 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
             cells = line.split("\t")  # a tab is layout the program relies on ("Name:\t%s"): kept
             for j, cell in enumerate(cells):
                 segment, lead, trail = plain_segment(cell, where)
+                if _TAG.search(cell):
+                    segment = _marked_segment(cell.strip(), where)
                 after = "\t" if j < len(cells) - 1 else "\n" if i < len(lines) - 1 else ""
                 pieces.append((lead, trail, len(segments), after))
                 segments.append(segment)
@@ -124,7 +203,8 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
 
     def write(placed: list[list], reports=None) -> str:
         for entry, plural, pieces in slots:
-            translation = "".join(lead + flatten(placed[k], void=lambda tag: tag) + trail + after for lead, trail, k, after in pieces)
+            translation = "".join(lead + flatten(placed[k], void=lambda tag: tag, element=lambda tag, inner: tag[0] + inner + tag[1])
+                                  + trail + after for lead, trail, k, after in pieces)
             if plural is None:
                 entry.msgstr = translation
             else:

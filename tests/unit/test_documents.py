@@ -276,6 +276,25 @@ def test_po_fills_msgstr_keeps_msgid_placeholders_and_plural_forms(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+def test_po_reads_a_messages_inline_html_as_markup(tmp_path):
+    # a newcomer's review: a Django-style message's link and its URL were translated away
+    head = 'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+    messages = ['A dog runs to <a href=\\"/park\\">the park</a>.', "Two men play <b>football</b>.<br/>Now %s.",
+                "Hello <name>, a < b and <i>this</i>"]
+    source = head + "".join(f'msgid "{m}"\nmsgstr ""\n\n' for m in messages)
+    document = read(source, "po")
+    assert [s.text for s in document.segments] == ["A dog runs to the park.", "Two men play football. Now.", "Hello, a < b and this"]
+    assert [[(s.start, s.end, s.void) for s in seg.spans] for seg in document.segments[:1]] == [[(14, 22, False)]]
+    out = translated(source, "po")
+    for expected in ('msgstr "A DOG RUNS TO <a href=\\"/park\\">THE PARK</a>."', 'msgstr "TWO MEN PLAY <b>FOOTBALL</b>.<br/>NOW %s."',
+                     'msgstr "HELLO <name>, A < B AND <i>THIS</i>"'):
+        assert expected in out, out
+    if shutil.which("msgfmt"):
+        (tmp_path / "out.po").write_text(out, encoding="utf-8")
+        check = subprocess.run(["msgfmt", "--check", "-o", str(tmp_path / "out.mo"), str(tmp_path / "out.po")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+
 def test_po_without_plural_forms_and_a_broken_po_are_one_line_errors():
     with pytest.raises(QkvError, match="no Plural-Forms"):
         read('msgid ""\nmsgstr ""\n\nmsgid "a"\nmsgid_plural "b"\nmsgstr[0] ""\n', "po")
