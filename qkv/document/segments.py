@@ -40,6 +40,7 @@ PLACEHOLDER = regex.compile(
     # Multi30k model's vocabulary has none, and the line lost them without a word)
     r"|\p{Extended_Pictographic}[\p{Emoji_Modifier}\uFE0F]*(?:\u200D\p{Extended_Pictographic}[\p{Emoji_Modifier}\uFE0F]*)*"
     r"|\p{Regional_Indicator}{2}|[0-9#*]\uFE0F?\u20E3"
+    r"|[\u2669-\u266C]+"  # music notes, a subtitle's sign of lyrics ("\u266a A girl is singing \u266a"), which the model dropped
 )
 _SPACE = re.compile(r"[ \t\n\r\f]+")  # HTML's ASCII whitespace: a no-break space is text, not space
 _CLOSING = ",.;:!?)]}\u00bb\u201d"  # punctuation that takes no space before it

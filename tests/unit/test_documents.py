@@ -318,7 +318,7 @@ def test_text_translates_a_lines_tab_separated_parts_apart_and_keeps_the_tabs():
         "A DOG\tA CAT\t\tA HORSE\r\n\n  INDENTED {x} HERE\t\n")
 
 
-def test_text_keeps_emoji_out_of_what_the_model_reads_and_puts_them_back():
+def test_emoji_and_music_notes_are_kept_out_of_what_the_model_reads_and_put_back():
     # the model's vocabulary has no emoji: the line mode dropped them without a word (a newcomer's review)
     family, thumb, flag, keycap = "\U0001F468\u200D\U0001F469\u200D\U0001F467", "\U0001F44D\U0001F3FD", "\U0001F1E9\U0001F1EA", "1\uFE0F\u20E3"
     source = f"A dog \U0001F436 runs.\nA man {family} with {thumb} his family {flag}.\n{keycap} Two hearts \u2764\uFE0F here.\n"
@@ -328,6 +328,10 @@ def test_text_keeps_emoji_out_of_what_the_model_reads_and_puts_them_back():
     assert translated(source, "text") == (
         f"A DOG \U0001F436 RUNS.\nA MAN {family} WITH {thumb} HIS FAMILY {flag}.\n{keycap} TWO HEARTS \u2764\uFE0F HERE.\n")
     assert read("An arrow \u2192 and a star \u2605 stay text.\n", "text").segments[0].spans == []
+    # a subtitle's music notes too (a newcomer's review: the model dropped them)
+    cue = "1\n00:00:01,000 --> 00:00:03,000\n\u266a A girl is singing \u266a\n"
+    assert read(cue, "srt").segments[0].text == "A girl is singing"
+    assert translated(cue, "srt") == "1\n00:00:01,000 --> 00:00:03,000\n\u266a A GIRL IS SINGING \u266a\n\n"
 
 
 @pytest.mark.parametrize("inside", ["\u2028", "\u2029", "\x85", "\x0c", "\r", "\x0b"])
