@@ -177,10 +177,18 @@ def read_po(text: str, target_lang: str | None = None) -> Document:
         slots.append((entry, plural, pieces))
 
     plural_count = None
+    source_lines = text.split("\n")
+
+    def msgid_line(entry) -> int:  # polib's linenum is the entry's first line, its comments' (a review)
+        for n in range(max(entry.linenum, 1), min(len(source_lines), entry.linenum + 10_000) + 1):
+            if source_lines[n - 1].lstrip().startswith("msgid"):
+                return n
+        return entry.linenum
+
     for entry in po:
         if entry.obsolete or not entry.msgid or "fuzzy" in entry.flags or (entry.msgstr and not entry.msgid_plural):
             continue
-        where = f"msgid line {entry.linenum}"
+        where = f"msgid line {msgid_line(entry)}"
         if entry.msgid_plural:
             if plural_count is None:
                 plural_count = _nplurals(po)

@@ -295,6 +295,12 @@ def test_po_reads_a_messages_inline_html_as_markup(tmp_path):
         assert check.returncode == 0, check.stderr
 
 
+def test_po_segments_name_their_msgid_line_not_their_comments():
+    # a review: "where" named the entry's first line (its "#:" comment)
+    source = 'msgid ""\nmsgstr ""\n\n#: src/a.py:10\n#, python-format\nmsgctxt "menu"\nmsgid "A dog runs."\nmsgstr ""\n'
+    assert [s.where for s in read(source, "po").segments] == ["msgid line 7"]
+
+
 def test_po_without_plural_forms_and_a_broken_po_are_one_line_errors():
     with pytest.raises(QkvError, match="no Plural-Forms"):
         read('msgid ""\nmsgstr ""\n\nmsgid "a"\nmsgid_plural "b"\nmsgstr[0] ""\n', "po")
