@@ -103,16 +103,16 @@ def translate(args: argparse.Namespace) -> int:
         sink = stack.enter_context(output_or_stdout(args.output, force=args.force, inputs=inputs, reads=reads))
         stack.enter_context(translator)  # its workers end before the output file is put in place
         advance = stack.enter_context(line_progress(args))
+        from qkv.cli.document import text_format_writer
+
         if glossary is not None:
             write = glossary_writer(args, translator, glossary, annotate)
-            if annotate is None and not args.glossary_report:  # placeholders kept as without a glossary
-                from qkv.cli.document import text_format_writer
+            if not args.glossary_report:  # placeholders and tab-separated parts as --format text --glossary has them
+                write = text_format_writer(translator, write, glossary, args.glossary_always, annotate=annotate)
+        elif args.n_best == 1:  # placeholders and tab-separated parts as --format text has them
+            from qkv.cli.trust import annotated_lines
 
-                write = text_format_writer(translator, write, glossary, args.glossary_always)
-        elif annotate is None and args.n_best == 1:  # placeholders and tab-separated parts as --format text has them
-            from qkv.cli.document import text_format_writer
-
-            write = text_format_writer(translator)
+            write = text_format_writer(translator, annotated_lines(translator, annotate) if annotate else None, annotate=annotate)
         else:
             write = None
         interactive = getattr(source, "isatty", lambda: False)()

@@ -20,7 +20,7 @@ def document_format(path: str | None) -> str | None:
     return None if found == "text" else found
 
 
-def text_format_writer(translator, plain=None, glossary=None, glossary_always: bool = False):
+def text_format_writer(translator, plain=None, glossary=None, glossary_always: bool = False, annotate=None):
     """For ``translate_stream``'s plain lines: input lines -> output lines, each line that holds a placeholder
     (``qkv.document.segments.PLACEHOLDER``: a URL, an e-mail address, ``{name}``, ``%s``, inline code) or a
     tab translated as ``--format text`` translates it: the placeholder kept verbatim and put back where the
@@ -29,7 +29,9 @@ def text_format_writer(translator, plain=None, glossary=None, glossary_always: b
     as one sentence). A line the text format refuses (beyond its bounds) is translated as a plain line,
     the others as the text format translates them. ``plain``: lines -> translations for the other lines
     (None: ``translator.translate``); ``glossary``: the terms the marked lines' translations must hold,
-    as ``--format text --glossary`` puts them (with ``plain`` the glossary's writer for the others)."""
+    as ``--format text --glossary`` puts them (with ``plain`` the glossary's writer for the others);
+    ``annotate``: ``qkv.cli.trust.annotator``'s, each marked line written with the confidence of what the
+    model read and wrote (its least confident part's), as ``plain`` writes the others."""
     from qkv.document.formats import read
     from qkv.document.segments import PLACEHOLDER
     from qkv.document.translate import translate_segments
@@ -50,14 +52,21 @@ def text_format_writer(translator, plain=None, glossary=None, glossary_always: b
         for i, text in zip(unmarked, translate_plain([lines[i] for i in unmarked]) if unmarked else []):
             out[i] = text
         # every marked line's segments in one batch, each line written back by its own document
-        placed, _ = translate_segments(translator, [s for document in documents.values() for s in document.segments],
-                                       glossary=glossary, glossary_always=glossary_always)
+        trust = {} if annotate is None else {"confidence": True, "calibration": annotate.calibration,
+                                             "model": annotate.model, "words": annotate.words}
+        placed, reports = translate_segments(translator, [s for document in documents.values() for s in document.segments],
+                                             glossary=glossary, glossary_always=glossary_always, **trust)
         at = 0
         for i, document in documents.items():
             n = len(document.segments)
-            out[i] = document.write(placed[at : at + n]).removesuffix("\n")
+            text = " ".join(document.write(placed[at : at + n]).removesuffix("\n").splitlines())  # one output line a line
+            if annotate is not None:  # its least confident part's verdict; nothing the model read: an empty line's
+                judged = [r.trust for r in reports[at : at + n] if r.trust is not None]
+                text = (annotate.format(text, min(judged, key=lambda t: t.confidence)) if judged
+                        else annotate([[""]], [[""]], [text])[0])
+            out[i] = text
             at += n
-        return [" ".join(text.splitlines()) for text in out]  # never more than one output line per input line
+        return out if annotate is not None else [" ".join(text.splitlines()) for text in out]
 
     return write
 

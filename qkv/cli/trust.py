@@ -62,7 +62,28 @@ def annotator(args: argparse.Namespace, model, tokenizer):
         return [format_line(text, trust, args.confidence) for text, trust in zip(texts, trusts)]
 
     annotate.model = model  # type: ignore[attr-defined]  # the model it judges with (encoder outputs of its searches fit)
+    annotate.calibration = calibration  # type: ignore[attr-defined]  # for the text format's lines (qkv.cli.document)
+    annotate.words = args.confidence == "json"  # type: ignore[attr-defined]
+    annotate.format = lambda text, trust: format_line(text, trust, args.confidence)  # type: ignore[attr-defined]
     return annotate
+
+
+def annotated_lines(translator, annotate):
+    """Lines -> output lines, each translation with its confidence (``annotator``'s), as ``translate_stream``
+    writes them with ``annotate``: for ``qkv.cli.document.text_format_writer``'s plain lines."""
+    import contextlib
+
+    from qkv.infer.encodings import kept_encodings
+
+    def write(lines: list[str]) -> list[str]:
+        encodings = kept_encodings(translator, annotate.model)
+        with encodings or contextlib.nullcontext():  # the trust pass reads the searches' encoder outputs
+            done = translator.translate_lines(lines)
+        texts = [" ".join(line.text.splitlines()) for line in done]
+        return annotate([d.sentences for d in done], [d.outputs for d in done], texts,
+                        encodings.encode if encodings is not None else None)
+
+    return write
 
 
 def format_line(text: str, trust, form: str) -> str:

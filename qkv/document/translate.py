@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ class SegmentReport:
     translation: str
     confidence: float | None = None
     flags: list[str] = field(default_factory=list)
+    trust: Any = field(default=None, repr=False, compare=False)  # with confidence: the whole verdict (qkv.inspect.trust.Trust)
 
     def as_dict(self) -> dict:
         out = {"where": self.where, "source": self.source, "translation": self.translation}
@@ -118,9 +120,11 @@ def alignment_model(translator):
 
 
 def translate_segments(translator, segments: list[Segment], *, glossary=None, glossary_always: bool = False,
-                       calibration: dict | None = None, confidence: bool = False, model=None) -> tuple[list[list], list[SegmentReport]]:
+                       calibration: dict | None = None, confidence: bool = False, model=None,
+                       words: bool = True) -> tuple[list[list], list[SegmentReport]]:
     """Each segment's placed translation (a node list) and its report. Segments of the same text are
-    translated once. ``model``: the qkv model to align (and judge) with, by default the translator's."""
+    translated once. ``model``: the qkv model to align (and judge) with, by default the translator's.
+    ``words``: with ``confidence``, each target word's marks too (``assess``'s; False: the light pass)."""
     unique = list(dict.fromkeys(s.text for s in segments if s.text.strip()))
     model = model if model is not None else alignment_model(translator)
     # The search's own encoder outputs, where it runs here on the model that aligns (not in workers, not CTranslate2)
@@ -145,7 +149,7 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
     if confidence and unique:
         from qkv.inspect.trust import assess_lines
 
-        trusts = assess_lines(model, translator.tokenizer, sentences, outputs, calibration=calibration)
+        trusts = assess_lines(model, translator.tokenizer, sentences, outputs, calibration=calibration, words=words)
     by_text = {}
     for k, text in enumerate(unique):
         weights = None if matrices[k] is None else segment_weights(text, texts[k], sentences[k], outputs[k], matrices[k])
@@ -159,7 +163,7 @@ def translate_segments(translator, segments: list[Segment], *, glossary=None, gl
         target, weights, trust = by_text[segment.text]
         placed.append(place(segment, target, weights))
         reports.append(SegmentReport(segment.where, segment.text, target, trust.confidence if trust else None,
-                                     list(trust.flags) if trust else []))
+                                     list(trust.flags) if trust else [], trust))
     return placed, reports
 
 

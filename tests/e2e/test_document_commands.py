@@ -266,6 +266,28 @@ def test_plain_lines_keep_their_placeholders_with_a_glossary_too(random_checkpoi
     assert capsys.readouterr().out.splitlines()[0] == out[0]  # what --format text --glossary gives that line
 
 
+def test_confidence_keeps_a_lines_placeholders_and_judges_what_the_model_read(random_checkpoint, tmp_path, capsys):
+    # a newcomer's review: adding --confidence fed the URL and {name} to the model and changed the translation
+    import json
+
+    from qkv.cli import main as cli
+
+    lines = ["Hello {name}, a dog runs to https://example.com/dog now.", "A dog runs across the green field.", "%s", ""]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    run = ["translate", "--checkpoint", str(random_checkpoint), "-i", str(source), "--beam", "2", "--workers", "1"]
+    assert cli.main(run) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert cli.main([*run, "--confidence"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == plain and all(len(r) == 3 and 0 <= float(r[1]) <= 1 for r in rows)
+    assert rows[2][1] == rows[3][1] == "1.000"  # nothing the model read: judged as an empty line is
+    assert cli.main([*run, "--confidence", "json"]) == 0
+    objects = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [o["translation"] for o in objects] == plain and objects[0]["words"]
+    assert rows[0][1] == f"{objects[0]['confidence']:.3f}"  # the light pass and the full one agree
+
+
 def test_a_line_beyond_the_text_formats_bounds_goes_plain_alone(random_checkpoint):
     # one such line used to send every marked line of its chunk down the plain path (a review)
     import warnings
