@@ -197,13 +197,12 @@ def request_model(*, max_texts: int, max_chars: int, max_output: int, vocab_size
         split: StrictBool = Field(
             True, description="cut each text into sentences by the source language's rules, translate them in one "
             "batch and join their translations (false: each text is one sentence); attention, confidence and a "
-            "glossary's terms then describe each sentence searched; not with n_best or max_length, which describe or "
-            "bound one search of each text as sent"
+            "glossary's terms then describe each sentence searched, and a text's n best join its sentences' k-th "
+            "bests (as qkv translate --n-best); not with max_length, which bounds one search of each text as sent"
         )
         keep_case: StrictBool = Field(
             False, description="translate a sentence in capitals or in Title Case as it is (default: in sentence "
-            "case, and the translation of one in capitals written back in capitals); as split, not with n_best "
-            "or max_length"
+            "case, and the translation of one in capitals written back in capitals); as split, not with max_length"
         )
         glossary: list[Entry] | None = Field(
             None, max_length=MAX_GLOSSARY_TERMS,

@@ -347,7 +347,7 @@ def create_app(
         if kept_as_text(body):  # as qkv translate's plain lines: a URL or an emoji the model would rewrite or drop
             return await _document(body.model_copy(update={"format": "text"}), settings)
         lines = None  # with split or recasing: each text's sentences (qkv.data.sentences), searched apart and joined
-        whole = body.n_best is not None or body.max_length is not None  # a glossary's and numbers' texts are cut as the command cuts them
+        whole = body.max_length is not None  # n_best, a glossary and numbers: cut as the command cuts them
         options = None
         try:  # any failure here (the splitter, the tokenizer) is a JSON 500 counted in /v1/stats, as the batcher's
             if (body.split or not body.keep_case) and not whole:

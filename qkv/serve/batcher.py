@@ -443,7 +443,7 @@ class Batcher:
     def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
         """One request's JSON body from the hypotheses of the sentences it searched, best first (and with a
         glossary, ``terms``: each text's terms, ``GlossaryTranslation.terms``). Each text's translation is
-        its sentences' joined back (``job.lines``: split, recased; never with n_best or max_length); its confidence and attention read the sentences as the model read and wrote them."""
+        its sentences' joined back (``job.lines``: split, recased; never with max_length); its confidence and attention read the sentences as the model read and wrote them."""
         outputs = [self.tokenizer.decode(h[0].tokens) for h in hyps]  # one a sentence searched
         lines = job.lines or [Line([text], [], [AS_IS]) for text in job.texts]
         spans, start = [], 0  # each text's sentences: outputs[a:b], job.src_ids[a:b]
@@ -455,10 +455,7 @@ class Batcher:
         if job.settings.n_best is not None:
             nbest = [h[: job.settings.n_best] for h in hyps]
             scores = self._scores(job.src_ids, nbest, config)
-            answer["n_best"] = [
-                [{"translation": self.tokenizer.decode(h.tokens), "score": round(score, 4)} for h, score in zip(hs, ss)]
-                for hs, ss in zip(nbest, scores)
-            ]
+            answer["n_best"] = [self._joined(line, nbest[a:b], scores[a:b], config) for line, (a, b) in zip(lines, spans)]
         if job.settings.confidence:  # each sentence judged as translated, then each text, as qkv translate --confidence
             trusts = assess_lines(self.model, self.tokenizer, [line.sentences for line in lines],
                                   [outputs[a:b] for a, b in spans], calibration=self.calibration, max_tokens=self.max_batch_tokens)
@@ -479,6 +476,25 @@ class Batcher:
                     captures.append(_compact({"source": text, "translation": translation})[:-1] + f',"sentences":[{",".join(mine)}]}}')
             body = body[:-1] + f',"attention":[{",".join(captures)}]}}'
         return body.encode("utf-8")
+
+    def _joined(self, line: Line, nbest: list[list[Hypothesis]], scores: list[list[float]], config: DecodeConfig) -> list[dict]:
+        """A text's n best from its sentences' (``nbest``, ``scores``: each sentence's), as ``qkv.Translator``
+        joins them for ``qkv translate --n-best``: the k-th joins each sentence's k-th (or its last), scored as
+        one hypothesis, its log-probability over the length penalty of all its tokens and the sentences' EOS."""
+        if len(nbest) == 1:
+            return [{"translation": line.join([self.tokenizer.decode(h.tokens)]), "score": round(s, 4)}
+                    for h, s in zip(nbest[0], scores[0])]
+        out = []
+        for k in range(max(len(hs) for hs in nbest)):
+            picked = [min(k, len(hs) - 1) for hs in nbest]
+            hyps = [hs[j] for hs, j in zip(nbest, picked)]
+            lengths = [len(h.tokens) + 1 for h in hyps]  # with EOS
+            # a search's own log-probability; else (greedy, sampling) the teacher-forced pass's, from its score
+            log_prob = math.fsum(h.log_prob if math.isfinite(h.log_prob) else ss[j] * length_penalty(n, config.length_penalty)
+                                 for h, ss, j, n in zip(hyps, scores, picked, lengths))
+            out.append({"translation": line.join([self.tokenizer.decode(h.tokens) for h in hyps]),
+                        "score": round(log_prob / length_penalty(sum(lengths), config.length_penalty), 4)})
+        return out
 
     def _scores(self, src_ids: list[list[int]], nbest: list[list[Hypothesis]], config: DecodeConfig) -> list[list[float]]:
         """Each hypothesis's score. Where the search gives none (greedy search, sampling), the same

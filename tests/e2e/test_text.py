@@ -70,10 +70,17 @@ def test_the_server_splits_recases_and_guards_as_qkv_translate_does(tiny_run, tm
                 return [(await client.post("/v1/translate", json=body)).json() for body in bodies]
 
     broken = SENTENCES[0].rstrip(".") + "\n" + CAPS.rstrip(".") + "\nA dog"  # no full stop: one sentence to sentencex
-    split, whole, lines = asyncio.run(post([{"texts": texts}, {"texts": texts, "split": False, "keep_case": True}, {"texts": [broken]}]))
+    nbest = {"texts": [texts[0], CAPS], "n_best": 2, "beam_size": 2}
+    split, whole, lines, ranked = asyncio.run(post([{"texts": texts}, {"texts": texts, "split": False, "keep_case": True},
+                                                   {"texts": [broken]}, nbest]))
     assert split["translations"] == translate(capsys, tmp_path, tiny_run, texts)  # the command line's defaults
     assert whole["translations"] == translate(capsys, tmp_path, tiny_run, texts, "--no-split", "--keep-case")
     assert split["translations"][0] != whole["translations"][0] and not looping(split["translations"][1])
     # a text's lines are translated as the command translates lines, and its line breaks come back (a review)
     one, two, three = translate(capsys, tmp_path, tiny_run, [SENTENCES[0].rstrip("."), CAPS.rstrip("."), "A dog"])
     assert lines["translations"] == [f"{one}\n{two}\n{three}"]
+    # n_best too: a text's sentences searched apart and their k-th bests joined, as qkv translate --n-best does (a review)
+    rows = [line.split("\t") for line in translate(capsys, tmp_path, tiny_run, nbest["texts"], "--n-best", "2", "--beam", "2")]
+    assert [[(h["translation"], f"{h['score']:.4f}") for h in hs] for hs in ranked["n_best"]] == [
+        list(zip(row[0::2], row[1::2])) for row in rows]
+    assert [hs[0]["translation"] for hs in ranked["n_best"]] == ranked["translations"]
