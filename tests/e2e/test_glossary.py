@@ -229,19 +229,22 @@ def test_evaluate_prints_the_term_use(tiny_run, tmp_path):
     assert "; 0 sentences mended by alignment, " in result.stdout, result.stdout  # the tiny model has no alignment head
 
 
-def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
+def post(app, *bodies: dict) -> list:
+    """The server's answers to ``bodies``, in order, within one lifespan of ``app``."""
     import asyncio
-
-    app = create_app(tiny_run)
-    body = {"texts": SOURCES[:2], "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
 
     async def scenario():
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
-                return await client.post("/v1/translate", json=body), await client.post("/v1/translate", json=body | {"glossary": None})
+                return [await client.post("/v1/translate", json=body) for body in bodies]
 
-    with_terms, without = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
+    body = {"texts": SOURCES[:2], "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
+    with_terms, without = post(create_app(tiny_run), body, body | {"glossary": None})
     assert with_terms.status_code == 200, with_terms.text
     answer = with_terms.json()
     loaded = checkpoint.load(tiny_run)
@@ -254,21 +257,11 @@ def test_the_server_takes_a_glossary_and_says_where_each_term_went(tiny_run):
 
 def test_the_server_cuts_and_recases_a_glossarys_texts_as_the_command_does(tiny_run, tmp_path):
     # a newcomer's review: a glossary (or numbers) made the server search a paragraph whole, in capitals
-    import asyncio
-
     from qkv.data.sentences import TextOptions
 
     text = SOURCES[0] + " " + SOURCES[2].upper()
-    app = create_app(tiny_run, loop_guard=2)  # what qkv serve runs by default
     body = {"texts": [text, SOURCES[3]], "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
-
-    async def scenario():
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
-                return await client.post("/v1/translate", json=body)
-
-    answer = asyncio.run(scenario())
+    (answer,) = post(create_app(tiny_run, loop_guard=2), body)  # the loop guard qkv serve runs by default
     assert answer.status_code == 200, answer.text
     loaded = checkpoint.load(tiny_run)
     translator = Translator(loaded.model, loaded.tokenizer, DecodeConfig(beam_size=4, loop_guard=2), text=TextOptions(split="en", recase=True))
@@ -361,19 +354,9 @@ def test_qkv_translate_mends_by_the_alignment_head_where_the_model_has_one(guide
     plain = qkv("translate", "--checkpoint", guided_run, "--beam", "4", "--glossary", glossary, cwd=tmp_path, stdin=stdin)
     assert plain.stdout.splitlines() == [o["translation"] for o in objects]
     # The server mends as `qkv translate` does, and says so.
-    import asyncio
-
-    app = create_app(guided_run)
     lines = stdin.splitlines()
     body = {"texts": lines, "beam_size": 4, "glossary": [e.split("\t") for e in ENTRIES]}
-
-    async def scenario():
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
-                return await client.post("/v1/translate", json=body)
-
-    answer = asyncio.run(scenario())
+    (answer,) = post(create_app(guided_run), body)
     assert answer.status_code == 200, answer.text
     # (Its translations are not the command's: the server's search has no loop guard by default.)
     terms = answer.json()["terms"]
