@@ -92,9 +92,6 @@ def _segment(line: str, lang: str) -> list[str]:
     return _rejoined(out, lang)
 
 
-_LINE_BREAK = re.compile(r"\s*\n\s*")  # a line feed with the whitespace around it (blank lines, indents, CRs)
-
-
 def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
     """The sentences of ``line`` (each stripped, none empty) and the whitespace between them (one fewer),
     by sentencex's rules for ``lang`` (an ISO 639 code; an unknown one falls back to its English rules).
@@ -109,19 +106,19 @@ def split_sentences(line: str, lang: str) -> tuple[list[str], list[str]]:
         return _split_line(line, lang)
     sentences: list[str] = []
     spaces: list[str] = []
-    parts = _LINE_BREAK.split(line)
-    breaks = _LINE_BREAK.findall(line)  # one fewer than parts
-    gap = ""  # the line breaks since the last sentence
-    for i, part in enumerate(parts):
+    gap = ""  # the whitespace since the last sentence: its line's end, line feeds, blank lines
+    for i, part in enumerate(line.split("\n")):  # (str methods only: a regex over the spaces could backtrack)
+        if i and sentences:
+            gap += "\n"
         found, between = _split_line(part, lang)
-        if found:
-            if sentences:
-                spaces.append(gap)
-            sentences += found
-            spaces += between
-            gap = ""
-        if i < len(breaks) and sentences:
-            gap += breaks[i]
+        if not found:  # a blank line
+            gap += part if sentences else ""
+            continue
+        if sentences:
+            spaces.append(gap + part[: len(part) - len(part.lstrip())])
+        sentences += found
+        spaces += between
+        gap = part[len(part.rstrip()) :]
     return sentences, spaces
 
 

@@ -443,7 +443,8 @@ class Batcher:
     def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
         """One request's JSON body from the hypotheses of the sentences it searched, best first (and with a
         glossary, ``terms``: each text's terms, ``GlossaryTranslation.terms``). Each text's translation is
-        its sentences' joined back (``job.lines``: split, recased; never with max_length); its confidence and attention read the sentences as the model read and wrote them."""
+        its sentences' joined back (``job.lines``: split, recased; never with max_length); its confidence
+        and attention read the sentences as the model read and wrote them."""
         outputs = [self.tokenizer.decode(h[0].tokens) for h in hyps]  # one a sentence searched
         lines = job.lines or [Line([text], [], [AS_IS]) for text in job.texts]
         spans, start = [], 0  # each text's sentences: outputs[a:b], job.src_ids[a:b]

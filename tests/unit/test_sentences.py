@@ -195,6 +195,7 @@ class _Reading:
     "x" * 20_000 + ", 1. " + "2, 3. " * 2000,  # a word and its number waiting for a second word
     "a" + "." * 20_000,  # a run of non-spaces with no letter after the first character
     "A dog runs. " + "\n\n" * 4000 + "1.",
+    "a" + " " * 20_000 + "b\n" + " \n" * 5000 + "c",  # spaces around line feeds (a text's lines, cut apart)
 ])
 def test_the_splitter_reads_each_character_a_bounded_number_of_times(line, monkeypatch):
     import qkv.data.sentences as sentences
