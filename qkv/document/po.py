@@ -127,7 +127,16 @@ def _marked_segment(text: str, where: str) -> Segment:
             closing[open_at.pop()[0]] = i
     builder = SegmentBuilder()
     tags: dict[int, list] = {}  # an end event's index -> the span's tag, [start text, end text]
-    end_texts = iter(ends)
+    at = 0  # the next end tag as written that an end event may take
+
+    def written_end(name: str) -> str:  # the next one of this name (one inside a comment is skipped), else </name>
+        nonlocal at
+        for j in range(at, len(ends)):
+            if re.match(rf"</\s*{re.escape(name)}[\s>]", ends[j], re.IGNORECASE):
+                at = j + 1
+                return ends[j]
+        return f"</{name}>"
+
     for i, event in enumerate(events):
         kind = event[0]
         if kind == "text":
@@ -136,7 +145,7 @@ def _marked_segment(text: str, where: str) -> Segment:
             tags[closing[i]] = [event[1], None]
             builder.open(tags[closing[i]])
         elif kind == "end":
-            written = next(end_texts, f"</{event[2]}>")
+            written = written_end(event[2])
             if i in tags:
                 tags[i][1] = written
                 builder.close()
