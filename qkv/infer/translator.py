@@ -79,6 +79,22 @@ def sentence_seed(seed: int, src_ids: list[int]) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
+def joined_nbest(line: Line, hyps: list[list[Hypothesis]], decode, alpha: float) -> list[Translation]:
+    """A line's n best from its sentences' (``Line.join``): the k-th joins each sentence's k-th (or its
+    last), and scores as one hypothesis would, its log-probability over the length penalty (``alpha``) of
+    all its tokens and the sentences' EOS (NaN where the search gives no scores); one sentence keeps its
+    own score. ``decode``: token ids -> text. (``qkv translate --n-best`` and the server's ``n_best``.)"""
+    nbest = []
+    for k in range(max(len(hs) for hs in hyps)):
+        picked = [hs[min(k, len(hs) - 1)] for hs in hyps]
+        text = line.join([decode(h.tokens) for h in picked])
+        tokens = [t for h in picked for t in h.tokens]
+        score = picked[0].score if len(picked) == 1 else sum(h.log_prob for h in picked) / length_penalty(
+            len(tokens) + len(picked), alpha)
+        nbest.append(Translation(text, tokens, score))
+    return nbest
+
+
 class Translator:
     """A model, its tokenizer and a search configuration, ready to translate raw sentences.
 
@@ -220,23 +236,9 @@ class Translator:
         hyps = self.translate_ids([self.encode(s) for line in lines for s in line.sentences])  # one batch for all
         out, start = [], 0
         for line in lines:
-            out.append(self._joined(line, hyps[start : start + len(line.sentences)]))
+            out.append(joined_nbest(line, hyps[start : start + len(line.sentences)], self.tokenizer.decode, self.config.length_penalty))
             start += len(line.sentences)
         return out
-
-    def _joined(self, line: Line, hyps: list[list[Hypothesis]]) -> list[Translation]:
-        """A line's n best from its sentences' (``Line.join``): the k-th joins each sentence's k-th (or
-        its last), and scores as one hypothesis would, its log-probability over the length penalty of all
-        its tokens and the sentences' EOS (NaN where the search gives no scores)."""
-        nbest = []
-        for k in range(max(len(hs) for hs in hyps)):
-            picked = [hs[min(k, len(hs) - 1)] for hs in hyps]
-            text = line.join([self.tokenizer.decode(h.tokens) for h in picked])
-            tokens = [t for h in picked for t in h.tokens]
-            score = picked[0].score if len(picked) == 1 else sum(h.log_prob for h in picked) / length_penalty(
-                len(tokens) + len(picked), self.config.length_penalty)
-            nbest.append(Translation(text, tokens, score))
-        return nbest
 
     def translate(self, texts: list[str]) -> list[str]:
         """One translation per input text, in order; an empty (or blank) input gives ''."""

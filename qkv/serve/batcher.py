@@ -52,7 +52,7 @@ from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_outpu
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
 from qkv.data.text_tokenizer import TextTokenizer
-from qkv.infer.translator import Translator, collate_sources
+from qkv.infer.translator import Translator, collate_sources, joined_nbest
 from qkv.inspect.contributions import contributions
 from qkv.inspect.trust import assess_lines
 
@@ -456,7 +456,14 @@ class Batcher:
         if job.settings.n_best is not None:
             nbest = [h[: job.settings.n_best] for h in hyps]
             scores = self._scores(job.src_ids, nbest, config)
-            answer["n_best"] = [self._joined(line, nbest[a:b], scores[a:b], config) for line, (a, b) in zip(lines, spans)]
+            # a text's n best joined from its sentences' as qkv translate --n-best joins them; a search that gives
+            # no log-probability (greedy, sampling) has it from the teacher-forced pass's score
+            alpha = config.length_penalty
+            scored = [[Hypothesis(h.tokens, s, h.log_prob if math.isfinite(h.log_prob) else s * length_penalty(len(h.tokens) + 1, alpha))
+                       for h, s in zip(hs, ss)] for hs, ss in zip(nbest, scores)]
+            answer["n_best"] = [[{"translation": t.text, "score": round(t.score, 4)}
+                                 for t in joined_nbest(line, scored[a:b], self.tokenizer.decode, alpha)]
+                                for line, (a, b) in zip(lines, spans)]
         if job.settings.confidence:  # each sentence judged as translated, then each text, as qkv translate --confidence
             trusts = assess_lines(self.model, self.tokenizer, [line.sentences for line in lines],
                                   [outputs[a:b] for a, b in spans], calibration=self.calibration, max_tokens=self.max_batch_tokens)
@@ -477,25 +484,6 @@ class Batcher:
                     captures.append(_compact({"source": text, "translation": translation})[:-1] + f',"sentences":[{",".join(mine)}]}}')
             body = body[:-1] + f',"attention":[{",".join(captures)}]}}'
         return body.encode("utf-8")
-
-    def _joined(self, line: Line, nbest: list[list[Hypothesis]], scores: list[list[float]], config: DecodeConfig) -> list[dict]:
-        """A text's n best from its sentences' (``nbest``, ``scores``: each sentence's), as ``qkv.Translator``
-        joins them for ``qkv translate --n-best``: the k-th joins each sentence's k-th (or its last), scored as
-        one hypothesis, its log-probability over the length penalty of all its tokens and the sentences' EOS."""
-        if len(nbest) == 1:
-            return [{"translation": line.join([self.tokenizer.decode(h.tokens)]), "score": round(s, 4)}
-                    for h, s in zip(nbest[0], scores[0])]
-        out = []
-        for k in range(max(len(hs) for hs in nbest)):
-            picked = [min(k, len(hs) - 1) for hs in nbest]
-            hyps = [hs[j] for hs, j in zip(nbest, picked)]
-            lengths = [len(h.tokens) + 1 for h in hyps]  # with EOS
-            # a search's own log-probability; else (greedy, sampling) the teacher-forced pass's, from its score
-            log_prob = math.fsum(h.log_prob if math.isfinite(h.log_prob) else ss[j] * length_penalty(n, config.length_penalty)
-                                 for h, ss, j, n in zip(hyps, scores, picked, lengths))
-            out.append({"translation": line.join([self.tokenizer.decode(h.tokens) for h in hyps]),
-                        "score": round(log_prob / length_penalty(sum(lengths), config.length_penalty), 4)})
-        return out
 
     def _scores(self, src_ids: list[list[int]], nbest: list[list[Hypothesis]], config: DecodeConfig) -> list[list[float]]:
         """Each hypothesis's score. Where the search gives none (greedy search, sampling), the same
