@@ -59,14 +59,14 @@ def text_format_writer(translator, plain=None, glossary=None, glossary_always: b
         at = 0
         for i, document in documents.items():
             n = len(document.segments)
-            text = " ".join(document.write(placed[at : at + n]).removesuffix("\n").splitlines())  # one output line a line
+            text = document.write(placed[at : at + n]).removesuffix("\n")
             if annotate is not None:  # its least confident part's verdict; nothing the model read: an empty line's
                 judged = [r.trust for r in reports[at : at + n] if r.trust is not None]
                 text = (annotate.format(text, min(judged, key=lambda t: t.confidence)) if judged
                         else annotate([[""]], [[""]], [text])[0])
             out[i] = text
             at += n
-        return out if annotate is not None else [" ".join(text.splitlines()) for text in out]
+        return [" ".join(text.splitlines()) for text in out]  # never more than one output line per input line
 
     return write
 

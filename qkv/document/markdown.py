@@ -67,14 +67,14 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     md = _parser()
     env: dict = {}
     tokens = md.parse(text, env)
-    segments, inlines, alts, boxes = [], [], [], {}
+    segments, inlines, alts, leads = [], [], [], {}  # leads: what stays first in its block
     for token in tokens:
         if token.type != "inline" or not token.children:
             continue
         builder = SegmentBuilder()
         children = token.children
         if children[0].type == "html_inline" and "task-list-item-checkbox" in children[0].content:
-            boxes[id(token)] = [children[0]]  # a task's box: put back first, where mdformat-gfm's renderer reads it
+            leads[id(token)] = [children[0]]  # a task's box: put back first, where mdformat-gfm's renderer reads it
             children = children[1:]
         elif children[0].type == "text" and (mark := _LEADING_MARK.match(children[0].content)):
             rest = children[0].content[mark.end() :]
@@ -83,7 +83,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             if not rest and children and children[0].type == "softbreak":  # "> [!NOTE]" on a line of its own
                 lead.append(children[0])
                 children = children[1:]
-            boxes[id(token)] = lead
+            leads[id(token)] = lead
             if not children:
                 continue
         stack: list[list] = []
@@ -130,8 +130,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             child.content = alt
         for index, token in inlines:
             token.children = _tokens(placed[index], Token)
-            if id(token) in boxes:
-                token.children[:0] = boxes[id(token)]
+            if id(token) in leads:
+                token.children[:0] = leads[id(token)]
             texts = [t for t in token.children if t.type == "text"]
             for t in texts:
                 t.content = t.content.replace("  ", " ")

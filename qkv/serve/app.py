@@ -369,7 +369,7 @@ def create_app(
                 parts = await batcher.glossary_work(src_ids, settings, texts, reserve=parts.total)
                 if parts.total > max_work:
                     return _unprocessable("texts", "too_much_work", too_much_work(parts, settings, max_work))
-            job = batcher.submit(body.texts, src_ids, settings, parts.total, lines=lines, text=options if lines is not None else None)
+            job = batcher.submit(body.texts, src_ids, settings, parts.total, lines=lines, text=options)
         except Busy as busy:
             return _error(503, f"server busy: {busy}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
         except Exception:  # a bug or a third-party library's failure: the client gets JSON, the log the traceback
