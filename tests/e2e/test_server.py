@@ -607,7 +607,8 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     texts = DATES[:4]
     expected = expected_translations(loaded, texts, beam_size=2)
     # A long --max-wait-ms: the five requests below arrive together and share one batch.
-    args = ("--max-wait-ms", "500", "--log-level", "info", "--loop-guard", "0")  # the exact search, as expected_translations
+    # one search at a time: with two, the five would be parted between two batches as they arrive
+    args = ("--max-wait-ms", "500", "--searches", "1", "--log-level", "info", "--loop-guard", "0")  # the exact search, as expected_translations
     with load_test.ServerProcess(model_dir, *args, log_path=log, prelude=POISON_PRELUDE) as server:
 
         async def clients():
