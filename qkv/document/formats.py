@@ -16,8 +16,13 @@ from qkv.errors import QkvError
 from qkv.document.segments import Document, flatten, plain_segment
 
 FORMATS = ("text", "html", "markdown", "srt", "vtt", "po")
-EXTENSIONS = {".txt": "text", ".html": "html", ".htm": "html", ".xhtml": "html", ".md": "markdown",
+EXTENSIONS = {".txt": "text", ".html": "html", ".htm": "html", ".md": "markdown",
               ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po", ".pot": "po"}
+# Extensions of formats qkv does not write: named, so that such a file is not read as lines of text
+NOT_WRITTEN = {".xhtml": "an XHTML file is XML, and qkv writes HTML (<br>, not <br/>; CDATA as a comment): "
+                         "give --format html to have it back as HTML",
+               ".xht": "an XHTML file is XML, and qkv writes HTML (<br>, not <br/>; CDATA as a comment): "
+                       "give --format html to have it back as HTML"}
 MAX_BYTES = 5_000_000
 # Words of one segment (a paragraph, a cue group, an entry): its markup is placed over a (target words x
 # source words) alignment, so a block's cost grows with its words squared; this bounds it (32 MB, seconds).
@@ -29,8 +34,11 @@ MAX_SEGMENT_MARKUP = 2_000
 
 
 def format_of(path: str | Path | None) -> str | None:
-    """The format a file's extension names, or None."""
-    return EXTENSIONS.get(Path(path).suffix.lower()) if path else None
+    """The format a file's extension names, or None; a QkvError for an extension of ``NOT_WRITTEN``."""
+    suffix = Path(path).suffix.lower() if path else ""
+    if suffix in NOT_WRITTEN:
+        raise QkvError(f"{path}: {NOT_WRITTEN[suffix]}")
+    return EXTENSIONS.get(suffix) if path else None
 
 
 _TEXT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")  # a line and its line feed; the last without one

@@ -33,6 +33,9 @@ TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder")
 # Elements whose text the HTML standard's parser reads raw (no tags, no entities): written back unescaped,
 # as Beautiful Soup writes script and style ("<xmp><b>" came back as "<xmp>&lt;b&gt;").
 RAW_TEXT = frozenset("script style xmp iframe noembed noframes plaintext".split())
+# Elements whose first newline the HTML standard's parser drops ("<pre>\n\nA" holds "\nA"); its serializer
+# writes one back where the text starts with a newline, and so does this writer.
+PRE_NEWLINE = ("pre", "textarea", "listing")
 # Bounds checked before any translation (``qkv.document.formats.check_size`` bounds the bytes).
 MAX_ELEMENTS = 100_000
 MAX_DEPTH = 200
@@ -92,8 +95,14 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
     """An HTML document or fragment as segments and a writer (module docstring)."""
     from bs4 import BeautifulSoup, Comment, NavigableString, Tag
 
+    import warnings
+
+    from bs4 import XMLParsedAsHTMLWarning
+
     try:
-        soup = BeautifulSoup(text, "html5lib")
+        with warnings.catch_warnings():  # an XHTML page (<?xml ...?>) is read as HTML, as the docs say: no warning
+            warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
+            soup = BeautifulSoup(text, "html5lib")
     except Exception as error:  # noqa: BLE001 html5lib asserts on a few foreign-content nestings (<table><svg><html>)
         raise QkvError(f"html5lib could not build this HTML ({type(error).__name__}): simplify its nesting") from None
     _check_shape(soup)
@@ -151,12 +160,20 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
                 attributes_of(child)
         flush(run, node)
 
-    walk(soup.body if soup.body is not None else soup)
-    if soup.head is not None:
+    for tag in soup.find_all(PRE_NEWLINE):  # the parser drops a newline right after <pre>: the writer puts one back
+        first = next(iter(tag.children), None)
+        if type(first) is NavigableString and first.startswith("\n"):
+            first.replace_with("\n" + first)
+    kept = soup.html is not None and _untranslated(soup.html)  # <html translate="no">: nothing is translated
+    body = soup.body if soup.body is not None else soup
+    if not kept and not (body is soup.body and _untranslated(body)):
+        walk(body)
+    if soup.head is not None and not kept and not _untranslated(soup.head):
         for tag in soup.head.find_all("title"):
-            walk(tag)
+            if not _untranslated(tag):
+                walk(tag)
     page = bool(_PAGE.search(text))  # a page comes back as a page, a fragment as a fragment
-    if target_lang and soup.html is not None and page:
+    if target_lang and soup.html is not None and page and not kept and segments:  # a page with nothing translated keeps its lang
         soup.html["lang"] = target_lang
 
     def write(placed: list[list], reports=None) -> str:

@@ -3,10 +3,13 @@
 markdown-it-py parses the document as CommonMark says, with GitHub's extensions (mdformat-gfm: tables,
 strikethrough, task lists, bare www. and http links), footnotes and a YAML front matter block between
 ``---`` lines; each block's inline content (a paragraph, a heading, a table cell, a list item's text) is one
-segment, its emphasis, strong emphasis, strikethrough and links spans over it; code spans, inline
-HTML, hard breaks, autolinks and footnote references (mdformat-footnote; a footnote's text is a segment
-of its own) are voids kept verbatim, and a task's box and an alert's marker (``> [!NOTE]``) stay at
-their block's start; an image is a void whose alt text is translated on its own. Fenced and indented code, HTML blocks and the front matter are kept as they are. mdformat's
+segment, its emphasis, strong emphasis, strikethrough, links and inline HTML elements (a start tag and
+its end tag in the block: ``_html_pairs``) spans over it; code spans, inline HTML code and keys
+(``<code>...</code>``), a lone HTML tag, hard breaks, autolinks and footnote references (mdformat-footnote;
+a footnote's text is a segment of its own) are voids kept verbatim, and a task's box and an alert's
+marker (``> [!NOTE]``) stay at their block's start; an image is a void whose alt text is translated on
+its own. Fenced and indented code and HTML blocks are kept as they are, the front matter as the source
+wrote it (not as mdformat-frontmatter would dump its YAML again). mdformat's
 renderer writes the tokens back, so the output is the same document in mdformat's normal form (its
 emphasis markers, list markers and line breaks: a paragraph comes back on one line).
 """
@@ -23,6 +26,13 @@ _EXTENSIONS = ("gfm", "footnote", "frontmatter")
 # An alert's marker at a block quote's start ("> [!NOTE]", GitHub's; CommonMark's text), kept verbatim:
 # taken out of the segment and put back first, its line break after it, as a task's box is.
 _LEADING_MARK = re.compile(r"\[![A-Za-z]+\]\s*$")
+# Inline HTML: a start tag and its end tag in one block's text are an element placed around its words'
+# translation (as the html format places them); a tag without its partner is a void. The text inside
+# these elements is code or keys, kept verbatim with its tags, as the html format keeps them.
+_START_TAG = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)(?:\s[^>]*)?>\Z", re.S)
+_END_TAG = re.compile(r"</([A-Za-z][A-Za-z0-9-]*)\s*>\Z")
+_EMPTY_ELEMENTS = frozenset("area base br col embed hr img input link meta source track wbr".split())
+_VERBATIM_INLINE = frozenset("code kbd samp var tt script style".split())
 MAX_NESTING = 100  # block levels (a list level is two: the list and its item); markdown-it's CommonMark preset stops at 20
 
 
@@ -67,6 +77,13 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     md = _parser()
     env: dict = {}
     tokens = md.parse(text, env)
+    # The front matter comes back as the source wrote it (mdformat-frontmatter would dump its YAML anew:
+    # "{{ page.title }}", a template's, is not YAML's mapping)
+    front = next((t for t in tokens if t.type == "front_matter"), None)
+    if front is not None:
+        source_lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as markdown-it counts lines
+        front_text = "\n".join(source_lines[front.map[0] : front.map[1]]) + "\n"
+        tokens = [t for t in tokens if t is not front]
     segments, inlines, alts, leads = [], [], [], {}  # leads: what stays first in its block
     for token in tokens:
         if token.type != "inline" or not token.children:
@@ -87,9 +104,24 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             if not children:
                 continue
         stack: list[list] = []
+        partner = _html_pairs(children)  # a start tag's index -> its end tag's
         i = 0
         while i < len(children):
             child = children[i]
+            if i in partner and _START_TAG.match(child.content).group(1).lower() in _VERBATIM_INLINE:
+                builder.void(children[i : partner[i] + 1])  # <code>...</code>, <kbd>...</kbd>: kept whole
+                i = partner[i] + 1
+                continue
+            if i in partner or i in partner.values():  # an inline HTML element: placed as emphasis is
+                if i in partner:
+                    tag = [child, None]
+                    stack.append(tag)
+                    builder.open(tag)
+                else:
+                    stack.pop()[1] = child
+                    builder.close()
+                i += 1
+                continue
             if (child.type == "link_open" and child.markup == "autolink") or child.type == "gfm_autolink_open":
                 # <https://...>, and GitHub's bare www.x.org and https://x.org: kept whole
                 close = "gfm_autolink_close" if child.type == "gfm_autolink_open" else "link_close"
@@ -139,9 +171,33 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                 token.children[0].content = token.children[0].content.lstrip(" ")
             if token.children and token.children[-1].type == "text":
                 token.children[-1].content = token.children[-1].content.rstrip(" ")
-        return md.renderer.render(tokens, md.options, env)
+        body = md.renderer.render(tokens, md.options, env)
+        if front is None:
+            return body
+        return front_text + ("\n" + body if body.strip() else "")
 
     return Document(segments, write, "markdown")
+
+
+def _html_pairs(children: list) -> dict[int, int]:
+    """The inline HTML start tags of one block's tokens that have their end tag, nested with the Markdown
+    spans around them (``<b>*x*</b>``, not ``<b>*x</b>*``): start index -> end index."""
+    pairs, stack = {}, []  # stack: ("md", None, i) for a Markdown span's open token, ("html", name, i) for a start tag
+    for i, child in enumerate(children):
+        if child.type == "html_inline":
+            if (start := _START_TAG.match(child.content)) and not child.content.endswith("/>") \
+                    and start.group(1).lower() not in _EMPTY_ELEMENTS:
+                stack.append(("html", start.group(1).lower(), i))
+            elif (end := _END_TAG.match(child.content)) and stack and stack[-1][:2] == ("html", end.group(1).lower()):
+                pairs[stack.pop()[2]] = i
+        elif child.type.endswith("_open") and child.type != "gfm_autolink_open" and child.markup != "autolink":
+            stack.append(("md", None, i))
+        elif child.type.endswith("_close") and child.type != "gfm_autolink_close" and child.markup != "autolink":
+            while stack and stack[-1][0] == "html":  # start tags left open inside the span: voids
+                stack.pop()
+            if stack:
+                stack.pop()
+    return pairs
 
 
 def _plain(nodes: list) -> str:
@@ -161,7 +217,7 @@ def _tokens(nodes: list, Token) -> list:
             out.extend(node.tag)
         elif isinstance(node, Element):
             opening, closing = node.tag
-            if not node.children and opening.type != "link_open":  # an empty emphasis cannot be written: nothing
+            if not node.children and opening.type not in ("link_open", "html_inline"):  # an empty emphasis cannot be written: nothing
                 continue
             out.append(opening)
             out.extend(_tokens(node.children, Token))

@@ -138,7 +138,9 @@ def _partition(scores: list[np.ndarray], lo: int, hi: int) -> list[tuple[int, in
 
 def _covered(span: Span, source_words: list[tuple[int, int]], ends: list[int]) -> list[int]:
     """The indices of the source words the span's text overlaps (``ends``: the words' end offsets, in
-    order, bisected)."""
+    order, bisected); none for an empty element (``<a href="#n1"></a>`` after a word is a point, as a void is)."""
+    if span.start == span.end:
+        return []
     first = bisect.bisect_right(ends, span.start)  # the first word ending after the span starts
     out = []
     for i in range(first, len(source_words)):

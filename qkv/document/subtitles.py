@@ -21,7 +21,10 @@ from qkv.document.segments import Document, Element, SegmentBuilder, Void
 
 MAX_CUES = 4
 MAX_GAP_S = 3.0
-_TAG = re.compile(r"<(/?)([A-Za-z][\w.-]*)?[^<>]*>|<\d[\d:.]*>")  # a cue's inline tag (or a WebVTT timestamp)
+# a cue's inline tag (or a WebVTT timestamp, or an override block such as {\i1}: a void)
+_TAG = re.compile(r"<(/?)([A-Za-z][\w.-]*)?[^<>]*>|<\d[\d:.]*>|\{\\[^{}\n]*\}")
+# override blocks at a cue's start ({\an8}: the cue at the top of the screen), put back first as they were
+_LEAD = re.compile(r"(?:\s*\{\\[^{}\n]*\})+")
 # what a cue's timing line starts with, even a broken one (at the start: a cue's text may hold "at 1:30:00 ->")
 _TIMING = re.compile(r"\s*(?:\d+:)+\d+[.,:]\d+\s*-{1,2}>")
 _VTT_TIMING = re.compile(r"\s*(?:\d+:)?\d\d:\d\d\.\d{3}\s+-->\s+(?:\d+:)?\d\d:\d\d\.\d{3}(?:\s|$)")  # WebVTT's own form
@@ -118,20 +121,22 @@ def _groups(cues: list[tuple[str, float, float]]) -> list[list[int]]:
 
 def _segments(texts: list[str], times: list[tuple[float, float]]):
     segments, members, lines = [], [], [1] * len(texts)
+    leads = [m.group() if (m := _LEAD.match(t)) else "" for t in texts]
     for group in _groups([(t, a, b) for t, (a, b) in zip(texts, times)]):
         builder = SegmentBuilder()
         for i in group:
             builder.text(" ")  # cues part words
             builder.open(("cue", i))
-            lines[i] = _cue_text(builder, texts[i])
+            lines[i] = _cue_text(builder, texts[i][len(leads[i]) :])
             builder.close()
         segments.append(builder.build(f"cue {group[0] + 1}", cover=True))
         members.append(group)
-    return segments, members, lines
+    return segments, members, (lines, leads)
 
 
-def _cue_texts(placed: list[list], members: list[list[int]], lines: list[int], originals: list[str]) -> list[str]:
-    out = list(originals)
+def _cue_texts(placed: list[list], members: list[list[int]], shape: tuple[list[int], list[str]], originals: list[str]) -> list[str]:
+    """Each cue's new text: its words as placed, in its count of lines, after its leading override blocks."""
+    (lines, leads), out = shape, list(originals)
     for nodes, group in zip(placed, members):
         found = {}
         for node in nodes:
@@ -141,7 +146,7 @@ def _cue_texts(placed: list[list], members: list[list[int]], lines: list[int], o
             if not originals[i].strip():  # a cue with no text stays so
                 continue
             text = found.get(i) or "\u2026"  # a cue the translation left no word for (too few words): an ellipsis
-            out[i] = _lines(text, lines[i])
+            out[i] = leads[i].lstrip() + _lines(text, lines[i])
     return out
 
 

@@ -553,3 +553,72 @@ def test_a_placeholder_between_punctuation_never_lands_among_a_words_letters():
     at = out.index("%s")
     assert out.count("%s") == 1 and "Schild" in out  # the word whole
     assert not (out[at - 1 : at].isalpha() and out[at + 2 : at + 3].isalpha())  # not between two letters
+
+
+# ---- a hostile-input hunt's findings on the formats (2026-12-07), each failing on the code before it
+
+
+def test_markdown_inline_html_pairs_are_elements_that_stay_in_order_when_the_words_reorder():
+    # each tag was a void placed on its own: "Ein Mann mit Hut</span> geht <span>spazieren."
+    document = read("He <b>sees a dog</b> today.\n", "markdown")
+    (seg,) = document.segments
+    assert seg.text == "He sees a dog today."
+    out = document.write([place(seg, "Heute Hund sieht er.", one_hot(4, 5, {0: 4, 1: 3, 2: 1, 3: 0}))])
+    assert out == "Heute <b>Hund sieht</b> er.\n"
+
+
+def test_markdown_inline_html_code_and_keys_are_kept_whole_and_lone_tags_stay_voids():
+    source = "Run <code>the big dog</code> now, press <kbd>Ctrl</kbd>.\n\nA <span>dog runs.\n"
+    assert [s.text for s in read(source, "markdown").segments] == ["Run now, press.", "A dog runs."]
+    assert translated(source, "markdown") == "RUN <code>the big dog</code> NOW, PRESS <kbd>Ctrl</kbd>.\n\nA <span>DOG RUNS.\n"
+
+
+def test_markdown_front_matter_comes_back_as_written():
+    # mdformat-frontmatter dumped the YAML anew: "title: {{page.title: null}: null}"
+    source = "---\ntitle: {{ page.title }}\ntags:   [a,  b]\n---\n\nA dog runs.\n"
+    assert translated(source, "markdown") == "---\ntitle: {{ page.title }}\ntags:   [a,  b]\n---\n\nA DOG RUNS.\n"
+    assert translated("---\n---\nA dog runs.\n", "markdown") == "---\n---\n\nA DOG RUNS.\n"  # not "---\nnull\n---"
+
+
+@pytest.mark.parametrize("page", [
+    '<!DOCTYPE html><html><head><title translate="no">Brown Dog Inc</title></head><body class="notranslate"><p>A dog runs.</p></body></html>',
+    '<!DOCTYPE html><html translate="no"><head><title>Brown Dog</title></head><body><p>A dog runs.</p></body></html>',
+])
+def test_html_translate_no_on_the_page_its_body_or_its_title_keeps_them(page):
+    assert read(page, "html").segments == []
+    out = translated(page, "html", target_lang="de")
+    assert "A dog runs." in out and "Brown Dog" in out and 'lang="de"' not in out  # nothing translated: no new lang
+
+
+def test_html_keeps_the_leading_newline_of_pre_and_textarea_text():
+    # the parser drops the newline right after <pre>; written back without it, "\n\nA dog" lost a line
+    source = "<pre>\n\nA dog\n</pre>\n<textarea>\n\nA cat</textarea>\n<p>A cat</p>"
+    out = translated(source, "html")
+    assert out.startswith("<pre>\n\nA dog\n</pre>\n<textarea>\n\nA cat</textarea>")
+    for name in ("pre", "textarea"):  # what a browser reads back is the source's text
+        assert BeautifulSoup(out, "html5lib").find(name).string == BeautifulSoup(source, "html5lib").find(name).string
+
+
+def test_an_empty_element_glued_to_a_word_stays_empty_after_it():
+    # it covered the word it touched: "Ein Hund <a href="#note1">rennt.</a>"
+    german = lambda s: s.replace("A ", "Ein ").replace("dog", "Hund").replace("runs", "rennt")  # noqa: E731
+    assert translated('<p>A dog runs<a href="#note1"></a>.</p>', "html", german) == '<p>Ein Hund rennt<a href="#note1"></a>.</p>'
+    assert translated('<p>A dog<a href="#n"></a> runs.</p>', "html", german) == '<p>Ein Hund<a href="#n"></a> rennt.</p>'
+    assert translated('<p>A <a id="top"></a> dog runs.</p>', "html", german) == '<p>Ein <a id="top"></a> Hund rennt.</p>'
+
+
+def test_subrip_override_blocks_stay_at_their_cues_start_and_are_never_read():
+    # {\an8} (the cue at the top) was read as words: "Two dogs" lost, the tag gone
+    source = ("1\n00:00:01,000 --> 00:00:03,000\n{\\an8}Two dogs play.\n\n"
+              "2\n00:00:04,000 --> 00:00:06,000\nA man {\\i1}rides{\\i0} a bike.\n\n")
+    assert [s.text for s in read(source, "srt").segments] == ["Two dogs play.", "A man rides a bike."]
+    assert translated(source, "srt") == ("1\n00:00:01,000 --> 00:00:03,000\n{\\an8}TWO DOGS PLAY.\n\n"
+                                         "2\n00:00:04,000 --> 00:00:06,000\nA MAN {\\i1}RIDES{\\i0} A BIKE.\n\n")
+
+
+def test_an_xhtml_file_is_refused_by_its_extension_not_read_as_lines():
+    from qkv.document.formats import format_of
+
+    with pytest.raises(QkvError, match="--format html"):
+        format_of("page.xhtml")
+    assert format_of("page.html") == "html"
