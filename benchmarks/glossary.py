@@ -191,6 +191,8 @@ def main() -> None:
                         help="slacks of the constrained search's length cap to compare, 'none' for no cap "
                              "(qkv.infer.terms.FIRST_SLACK; default: the module's)")
     parser.add_argument("--rows", default="none,glossary,search,always", help="which rows to run (comma-separated)")
+    parser.add_argument("--min-terms", type=int, default=1,
+                        help="keep the sentences with at least this many terms (2: a denser set, about two terms a sentence)")
     engine_args(parser)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -201,14 +203,14 @@ def main() -> None:
         parser.error("compare several --first-slack values at one --beam")
 
     dictionary = read_freedict()
-    sets = term_sets(args.split, dictionary)
+    sets = {name: [r for r in records if len(r["terms"]) >= args.min_terms] for name, records in term_sets(args.split, dictionary).items()}
     loaded = checkpoint.load(args.checkpoint)
     # What `qkv translate` searches with: the checkpoint's settings and the loop guard's default.
     config = replace(DecodeConfig(**loaded.model.decode_defaults), loop_guard=LOOP_GUARD)
     translator = engine_translator(args, args.checkpoint, loaded.model, loaded.tokenizer, config)
     report = {"engine": engine_label(args), "checkpoint": str(checkpoint.resolve(args.checkpoint)), "split": args.split, "threads": torch.get_num_threads(),
               "decode": asdict(config), "command": "python -m benchmarks.glossary " + " ".join(sys.argv[1:]),
-              "dictionary_entries": len(dictionary), "mended_beam": args.mended_beam or terms.MENDED_BEAM,
+              "dictionary_entries": len(dictionary), "min_terms": args.min_terms, "mended_beam": args.mended_beam or terms.MENDED_BEAM,
               "first_slack": slacks[0] if len(slacks) == 1 else slacks, "sets": {}}
     for name, records in sets.items():
         report["sets"][name] = {"sentences": len(records), "by_beam": {str(b): {} for b in args.beam} if len(slacks) == 1 else {}}
