@@ -51,7 +51,7 @@ def _cue_text(builder: SegmentBuilder, text: str) -> int:
     while stack:
         stack.pop()
         builder.close()
-    return text.count("\n") + 1
+    return sum(1 for line in text.split("\n") if line.strip()) or 1  # blank lines srt kept after a cue are not its lines
 
 
 def _closing_tag(opening: str) -> str:

@@ -226,6 +226,15 @@ def test_lang_without_a_document_is_refused_not_ignored(tiny_run, tmp_path):
     assert done.returncode != 0 and "--lang" in done.stderr and done.stdout == ""
 
 
+@pytest.mark.parametrize("lang", ["de\nPlural-Forms: nplurals=99", "de\" onload=\"x", ""])
+def test_lang_that_is_not_a_language_tag_is_refused_before_it_is_written_into_the_document(tiny_run, tmp_path, lang):
+    # a hostile-input hunt: a line feed in --lang wrote header fields of its own into a PO catalogue
+    (tmp_path / "in.po").write_text('msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "A dog."\nmsgstr ""\n')
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "in.po", "-o", "out.po", "--lang", lang, cwd=tmp_path)
+    assert done.returncode != 0 and "--lang" in done.stderr and "language tag" in done.stderr
+    assert not (tmp_path / "out.po").exists()
+
+
 def test_plain_lines_keep_their_placeholders_as_the_text_format_does(random_checkpoint, tmp_path, capsys):
     # a newcomer's review: the line mode (no --format) let the model rewrite URLs, e-mail addresses and %s
     from qkv.cli import main as cli

@@ -622,3 +622,10 @@ def test_an_xhtml_file_is_refused_by_its_extension_not_read_as_lines():
     with pytest.raises(QkvError, match="--format html"):
         format_of("page.xhtml")
     assert format_of("page.html") == "html"
+
+
+def test_blank_lines_after_a_subrip_cue_are_not_lines_of_its_text():
+    # srt keeps them in the cue's text: the cue came back cut into as many lines, a word or two each
+    source = "1\n00:00:01,000 --> 00:00:03,000\nA man rides a red bike.\n\n\n\n\n2\n00:00:04,000 --> 00:00:06,000\nA dog runs.\n"
+    assert translated(source, "srt") == ("1\n00:00:01,000 --> 00:00:03,000\nA MAN RIDES A RED BIKE.\n\n"
+                                         "2\n00:00:04,000 --> 00:00:06,000\nA DOG RUNS.\n\n")
