@@ -82,8 +82,9 @@ def check_document_args(args: argparse.Namespace) -> None:
                         ("--glossary-report", args.glossary_report), ("--progress", args.progress)):
         if given:
             raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
-    if args.lang is not None and not LANGUAGE_TAG.fullmatch(args.lang):  # written into the document as it is
-        raise QkvError(f"--lang {args.lang!r} is not a language tag (as de, pt-BR or zh_Hant: letters and digits parted by - or _)")
+    lang = getattr(args, "lang", None)
+    if lang is not None and not LANGUAGE_TAG.fullmatch(lang):  # written into the document as it is
+        raise QkvError(f"--lang {lang!r} is not a language tag (as de, pt-BR or zh_Hant: letters and digits parted by - or _)")
 
 
 def read_document(path: str | None) -> str:

@@ -11,7 +11,7 @@ shown. A page (with ``<html>``, ``<body>`` or a doctype) comes back as a page; a
   ``translate="no"`` or the class ``notranslate``, comments inside text, void elements (``<br>``,
   ``<img>``) and placeholders in the text are kept verbatim and put where the alignment says.
 - ``alt``, ``title`` and ``placeholder`` attributes are translated; the ``lang`` of ``<html>`` is set to the
-  target language.
+  target language. An ``<option>`` without a ``value`` gets its source text as one (what its form sends).
 - Written out with ``&``, ``<`` and ``>`` escaped in text (Beautiful Soup's "minimal" substitution), any
   other character (a no-break space, an accent) as itself, attributes in their source order and void
   elements as HTML writes them (``<br>``, not ``<br/>``).
@@ -160,6 +160,9 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
                 attributes_of(child)
         flush(run, node)
 
+    for tag in soup.find_all("option"):  # a form sends an option's text where it has no value: keep what it sends
+        if not tag.has_attr("value") and not _untranslated(tag):
+            tag["value"] = tag.get_text()
     for tag in soup.find_all(PRE_NEWLINE):  # the parser drops a newline right after <pre>: the writer puts one back
         first = next(iter(tag.children), None)
         if type(first) is NavigableString and first.startswith("\n"):

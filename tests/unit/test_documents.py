@@ -629,3 +629,9 @@ def test_blank_lines_after_a_subrip_cue_are_not_lines_of_its_text():
     source = "1\n00:00:01,000 --> 00:00:03,000\nA man rides a red bike.\n\n\n\n\n2\n00:00:04,000 --> 00:00:06,000\nA dog runs.\n"
     assert translated(source, "srt") == ("1\n00:00:01,000 --> 00:00:03,000\nA MAN RIDES A RED BIKE.\n\n"
                                          "2\n00:00:04,000 --> 00:00:06,000\nA DOG RUNS.\n\n")
+
+
+def test_an_option_without_a_value_keeps_what_its_form_sends():
+    source = '<select><option>A red car</option><option value="d">A dog</option></select>'
+    assert translated(source, "html") == ('<select><option value="A red car">A RED CAR</option>'
+                                          '<option value="d">A DOG</option></select>')
