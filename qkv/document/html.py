@@ -24,11 +24,13 @@ import re
 from qkv.errors import QkvError
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
 
-INLINE = frozenset("a abbr acronym b bdi bdo big cite data del dfn em font i ins label mark q s small span strike "
+INLINE = frozenset("a abbr acronym b bdi bdo big cite data del dfn em font i ins label mark q ruby s small span strike "
                    "strong sub sup time tt u".split())
 VOID = frozenset("br img wbr input area embed source track".split())
-VERBATIM = frozenset("code kbd samp var pre script style textarea svg math template noscript iframe object xmp noembed noframes plaintext".split())
-INLINE_VERBATIM = frozenset("code kbd samp var svg math".split())  # verbatim, but inside a sentence
+VERBATIM = frozenset("code kbd samp var pre script style textarea svg math template noscript iframe object xmp noembed noframes "
+                     "plaintext rt rp".split())
+# verbatim, but inside a sentence (a ruby's reading and its fallback brackets: the ruby's text is translated)
+INLINE_VERBATIM = frozenset("code kbd samp var svg math rt rp".split())
 TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder")
 # Elements whose text the HTML standard's parser reads raw (no tags, no entities): written back unescaped,
 # as Beautiful Soup writes script and style ("<xmp><b>" came back as "<xmp>&lt;b&gt;").

@@ -298,15 +298,23 @@ def _trimmed(target: str, a: int, b: int, source: str, lo: int, hi: int) -> tupl
 
 
 def _keep_placeholder_order(spans: list[Span], ranges: dict[int, tuple[int, int]]) -> None:
-    """Placeholders of one parent in source order: their points sorted and handed back in that order."""
+    """Placeholders of one parent in source order: their points sorted and handed back in that order, a
+    run of glued ones ("%(pct)d%%") as one, so that it stays together."""
     groups: dict[int | None, list[int]] = {}
     for i, span in enumerate(spans):
         if span.placeholder:
             groups.setdefault(span.parent, []).append(i)
     for members in groups.values():
-        points = sorted(ranges[i] for i in members)
-        for i, point in zip(members, points):
-            ranges[i] = point
+        runs: list[list[int]] = []
+        for i in members:
+            if runs and runs[-1][-1] == i - 1 and spans[i - 1].start == spans[i].start and not spans[i - 1].space_after:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        points = sorted(ranges[run[0]] for run in runs)
+        for run, point in zip(runs, points):
+            for i in run:
+                ranges[i] = point
 
 
 def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], children: dict, parent: int | None) -> list:
@@ -328,8 +336,14 @@ def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], 
             outside = parent is not None and lo == hi
             edge_before = outside and at == lo and not nodes and spans[parent].space_before
             edge_after = outside and at == hi and not more_here and spans[parent].space_after
-            before = " " if span.space_before and not edge_before and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
-            after = " " if span.space_after and not edge_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
+            # a placeholder that was not glued to a word is not glued to one here ("%(name)s." before "Laster")
+            apart_before = (span.placeholder and not span.word_before and bool(nodes) and isinstance(nodes[-1], str)
+                            and nodes[-1][-1:].isalnum())
+            apart_after = span.placeholder and not span.word_after and target[at : at + 1].isalnum() and not more_here
+            # right after a void that was glued to what followed it in the source ("%(pct)d%%"): glued here too
+            glued = bool(nodes) and isinstance(nodes[-1], Void) and n > 0 and not spans[kids[n - 1]].space_after
+            before = " " if (span.space_before or apart_before) and not edge_before and not glued and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
+            after = " " if (span.space_after or apart_after) and not edge_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
             node = Void(span.tag) if span.void else Element(span.tag, _render(target, spans, ranges, children, i))
             nodes.extend(x for x in (before, node, after) if x != "")
             if span.separates and not span.space_after and target[at : at + 1] == " " and a < hi - 1:  # <br>'s own space

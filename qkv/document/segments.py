@@ -28,6 +28,7 @@ import regex
 # parts, ``%(name)s`` before ``%s``.
 PLACEHOLDER = regex.compile(
     r"""(?:https?|ftp)://[^\s<>"'`]*[^\s<>"'`.,;:!?)\]]"""  # a URL, without a sentence's closing punctuation
+    r"""|(?<![\w.@/-])www\.[\w-]+(?:\.[\w-]+)+(?:[/?#][^\s<>"'`]*[^\s<>"'`.,;:!?)\]])?"""  # www.example.com, a URL too
     r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"  # an e-mail address (from the start of its run: linear)
     r"|%\([A-Za-z_]\w*\)[-#0+]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa%]"  # Python's %(name)s
     # C's %s, %1$d, %.2f (not the space flag: "100% sure" is prose)
@@ -59,6 +60,10 @@ class Span:
     space_before: bool = True
     space_after: bool = True
     separates: bool = False  # a void that parts words (<br>): the space the model read there is its own
+    # a placeholder glued to a letter or digit in the source ("%sfoo", "x{n}"): glued to one in the translation
+    # too; one that was not ("%s." at a sentence's end) gets a space where it lands before or after a word
+    word_before: bool = False
+    word_after: bool = False
 
 
 @dataclass
@@ -169,7 +174,8 @@ class SegmentBuilder:
             self.spans[self.last_void[-1]].space_after = spaced_before
         span = Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None, void=True,
                     placeholder=placeholder, space_before=spaced_before or not self.parts,
-                    space_after=True if after is None else (not after or after[0].isspace()), separates=separates)
+                    space_after=True if after is None else (not after or after[0].isspace()), separates=separates,
+                    word_before=bool(before) and before[-1].isalnum(), word_after=bool(after) and after[0].isalnum())
         self.spans.append(span)
         self.last_void.append(len(self.spans) - 1)
         if separates and self.parts and not self._ends_in_space:

@@ -635,3 +635,25 @@ def test_an_option_without_a_value_keeps_what_its_form_sends():
     source = '<select><option>A red car</option><option value="d">A dog</option></select>'
     assert translated(source, "html") == ('<select><option value="A red car">A RED CAR</option>'
                                           '<option value="d">A DOG</option></select>')
+
+
+def test_glued_placeholders_stay_together_when_the_order_rule_moves_them_and_none_glues_to_a_new_word():
+    # a hostile-input hunt: "A dog runs %(pct)d%% faster with %(name)s." came back "... %(pct)d %% %(name)sLaster."
+    document = read("%(pct)d%% faster with %(name)s.\n", "text")
+    (seg,) = document.segments
+    assert seg.text == "faster with."
+    nodes = place(seg, "Mit schneller.", one_hot(2, 2, {0: 1, 1: 0}))  # "with" first: the placeholders' points swap
+    assert flatten(nodes) == "Mit %(pct)d%% %(name)s schneller."
+
+
+def test_a_ruby_is_one_sentence_with_its_reading_and_brackets_kept():
+    # <ruby> was a block: "A <ruby>...</ruby> man runs." came back as six sentences, "(" and ")" among them
+    source = "<p>A <ruby>big<rp>(</rp><rt>b</rt><rp>)</rp></ruby> man runs.</p>"
+    assert [s.text for s in read(source, "html").segments] == ["A big man runs."]
+    assert translated(source, "html") == "<p>A <ruby>BIG<rp>(</rp><rt>b</rt><rp>)</rp></ruby> MAN RUNS.</p>"
+
+
+def test_a_bare_www_address_is_a_placeholder_as_a_url_is():
+    # "A man visits www.example.com today." lost its address in every format but Markdown
+    assert [s.text for s in read("A man visits www.example.com today.\n", "text").segments] == ["A man visits today."]
+    assert translated("Go to www.example.com/a?b=1.\n", "text") == "GO TO www.example.com/a?b=1.\n"
