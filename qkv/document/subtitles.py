@@ -13,6 +13,7 @@ comes back cut into two at the space nearest its middle.
 
 from __future__ import annotations
 
+import html
 import re
 from bisect import bisect_left
 
@@ -31,12 +32,15 @@ _VTT_TIMING = re.compile(r"\s*(?:\d+:)?\d\d:\d\d\.\d{3}\s+-->\s+(?:\d+:)?\d\d:\d
 _END = re.compile(r"""[.!?\u2026\u266a]["'\u201d\u00bb)\]]*$""")
 
 
-def _cue_text(builder: SegmentBuilder, text: str) -> int:
-    """Add a cue's text to ``builder``, its tags as elements (an unpaired one as a void); returns its line count."""
+def _cue_text(builder: SegmentBuilder, text: str, escaped: bool = False) -> int:
+    """Add a cue's text to ``builder``, its tags as elements (an unpaired one as a void, ``("raw", tag)``);
+    returns its line count. ``escaped``: the text writes ``&amp;``, ``&lt;``, ``&gt;`` (WebVTT), read as the
+    characters they stand for (the model read "A dog &amp; a cat")."""
     stack: list[str] = []
     at = 0
+    plain = html.unescape if escaped else str
     for match in _TAG.finditer(text):
-        builder.text(text[at : match.start()].replace("\n", " "))
+        builder.text(plain(text[at : match.start()].replace("\n", " ")))
         closing, name = match.group(1), match.group(2)
         if name and not closing:
             builder.open(match.group())
@@ -45,9 +49,9 @@ def _cue_text(builder: SegmentBuilder, text: str) -> int:
             stack.pop()
             builder.close()
         else:
-            builder.void(match.group())
+            builder.void(("raw", match.group()))
         at = match.end()
-    builder.text(text[at:].replace("\n", " "))
+    builder.text(plain(text[at:].replace("\n", " ")))
     while stack:
         stack.pop()
         builder.close()
@@ -59,15 +63,17 @@ def _closing_tag(opening: str) -> str:
     return f"</{name.group(1)}>" if name else ""
 
 
-def _string(nodes: list) -> str:
+def _string(nodes: list, escaped: bool = False) -> str:
+    """Placed cue text as written: a tag as it was, text (and a placeholder, text too) escaped where ``escaped``."""
+    text = (lambda t: html.escape(t, quote=False)) if escaped else str  # noqa: E731
     out = []
     for node in nodes:
         if isinstance(node, str):
-            out.append(node)
+            out.append(text(node))
         elif isinstance(node, Void):
-            out.append(node.tag)
+            out.append(node.tag[1] if isinstance(node.tag, tuple) else text(node.tag))
         elif isinstance(node, Element):
-            out.append(node.tag + _string(node.children) + _closing_tag(node.tag))
+            out.append(node.tag + _string(node.children, escaped) + _closing_tag(node.tag))
     return "".join(out)
 
 
@@ -119,7 +125,7 @@ def _groups(cues: list[tuple[str, float, float]]) -> list[list[int]]:
     return groups
 
 
-def _segments(texts: list[str], times: list[tuple[float, float]]):
+def _segments(texts: list[str], times: list[tuple[float, float]], escaped: bool = False):
     segments, members, lines = [], [], [1] * len(texts)
     leads = [m.group() if (m := _LEAD.match(t)) else "" for t in texts]
     for group in _groups([(t, a, b) for t, (a, b) in zip(texts, times)]):
@@ -127,21 +133,22 @@ def _segments(texts: list[str], times: list[tuple[float, float]]):
         for i in group:
             builder.text(" ")  # cues part words
             builder.open(("cue", i))
-            lines[i] = _cue_text(builder, texts[i][len(leads[i]) :])
+            lines[i] = _cue_text(builder, texts[i][len(leads[i]) :], escaped)
             builder.close()
         segments.append(builder.build(f"cue {group[0] + 1}", cover=True))
         members.append(group)
     return segments, members, (lines, leads)
 
 
-def _cue_texts(placed: list[list], members: list[list[int]], shape: tuple[list[int], list[str]], originals: list[str]) -> list[str]:
+def _cue_texts(placed: list[list], members: list[list[int]], shape: tuple[list[int], list[str]], originals: list[str],
+               escaped: bool = False) -> list[str]:
     """Each cue's new text: its words as placed, in its count of lines, after its leading override blocks."""
     (lines, leads), out = shape, list(originals)
     for nodes, group in zip(placed, members):
         found = {}
         for node in nodes:
             if isinstance(node, Element) and isinstance(node.tag, tuple) and node.tag[0] == "cue":
-                found[node.tag[1]] = _string(node.children).strip()
+                found[node.tag[1]] = _string(node.children, escaped).strip()
         for i in group:
             if not originals[i].strip():  # a cue with no text stays so
                 continue
@@ -209,10 +216,10 @@ def read_vtt(text: str, target_lang: str | None = None) -> Document:
         raise QkvError(f"line {bad}: not a WebVTT cue timing ('start --> end' with times as hh:mm:ss.ttt)")
     _check_arrows(source_lines)
     texts = [c.raw_text for c in captions]
-    segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions])
+    segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions], escaped=True)
 
     def write(placed: list[list], reports=None) -> str:
-        for caption, content in zip(captions, _cue_texts(placed, members, lines, texts)):
+        for caption, content in zip(captions, _cue_texts(placed, members, lines, texts, escaped=True)):
             caption.text = content
         return vtt.content
 

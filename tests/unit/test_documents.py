@@ -657,3 +657,12 @@ def test_a_bare_www_address_is_a_placeholder_as_a_url_is():
     # "A man visits www.example.com today." lost its address in every format but Markdown
     assert [s.text for s in read("A man visits www.example.com today.\n", "text").segments] == ["A man visits today."]
     assert translated("Go to www.example.com/a?b=1.\n", "text") == "GO TO www.example.com/a?b=1.\n"
+
+
+def test_webvtt_escapes_are_read_as_their_characters_and_written_escaped_again():
+    # the model read "A dog &amp; a cat run." as it stood in the file
+    source = ("WEBVTT\n\n00:00:01.000 --> 00:00:03.000\nA dog &amp; a cat run.\n\n"
+              "00:00:04.000 --> 00:00:06.000\n<v Roger>A man &lt;sits&gt; at https://x.org/?b=1&amp;c=2 now.</v>\n")
+    assert [s.text for s in read(source, "vtt").segments] == ["A dog & a cat run.", "A man <sits> at now."]
+    out = translated(source, "vtt")
+    assert "A DOG &amp; A CAT RUN." in out and "<v Roger>A MAN &lt;SITS&gt; AT https://x.org/?b=1&amp;c=2 NOW.</v>" in out
