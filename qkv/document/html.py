@@ -10,7 +10,7 @@ shown. A page (with ``<html>``, ``<body>`` or a doctype) comes back as a page; a
 - ``VERBATIM`` elements (``code``, ``pre``, ``script``, ``style``, ...), any element with
   ``translate="no"`` or the class ``notranslate``, comments inside text, void elements (``<br>``,
   ``<img>``) and placeholders in the text are kept verbatim and put where the alignment says.
-- ``alt``, ``title`` and ``placeholder`` attributes are translated; the ``lang`` of ``<html>`` is set to the
+- ``alt``, ``title``, ``placeholder`` and ``label`` attributes are translated; the ``lang`` of ``<html>`` is set to the
   target language. An ``<option>`` without a ``value`` gets its source text as one (what its form sends).
 - Written out with ``&``, ``<`` and ``>`` escaped in text (Beautiful Soup's "minimal" substitution), any
   other character (a no-break space, an accent) as itself, attributes in their source order and void
@@ -31,7 +31,7 @@ VERBATIM = frozenset("code kbd samp var pre script style textarea svg math templ
                      "plaintext rt rp".split())
 # verbatim, but inside a sentence (a ruby's reading and its fallback brackets: the ruby's text is translated)
 INLINE_VERBATIM = frozenset("code kbd samp var svg math rt rp".split())
-TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder")
+TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder", "label")  # label: an <option>'s, an <optgroup>'s, a <track>'s
 # Elements whose text the HTML standard's parser reads raw (no tags, no entities): written back unescaped,
 # as Beautiful Soup writes script and style ("<xmp><b>" came back as "<xmp>&lt;b&gt;").
 RAW_TEXT = frozenset("script style xmp iframe noembed noframes plaintext".split())
@@ -66,6 +66,24 @@ def _untranslated(tag) -> bool:
     classes = tag.get("class") or []
     return (str(tag.get("translate", "")).lower() == "no"
             or "notranslate" in (classes if isinstance(classes, list) else str(classes).split()))
+
+
+def _marker(tag) -> bool:
+    """A footnote marker (``cat<sup><a href="#f1">1</a></sup>``): an inline element whose short text has no
+    letter, glued to the text before it and not inside a word. It is kept whole, as a void: as an element
+    it wrapped the word its word became, and its number was lost."""
+    from bs4 import NavigableString, Tag
+
+    text = tag.get_text()
+    if not text.strip() or len(text) > 8 or any(c.isalpha() for c in text):
+        return False
+
+    def side(node, last: bool) -> str:
+        words = str(node) if isinstance(node, NavigableString) else node.get_text() if isinstance(node, Tag) else ""
+        return words[-1:] if last else words[:1]
+
+    before, after = side(tag.previous_sibling, True), side(tag.next_sibling, False)
+    return bool(before) and not before.isspace() and not after.isalnum()
 
 
 def _is_inline(node) -> bool:
@@ -123,7 +141,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
             builder.void(node)  # a comment, CDATA or processing instruction: kept where it was
         elif isinstance(node, NavigableString):
             builder.text(str(node))
-        elif node.name in VOID or _kept(node):
+        elif node.name in VOID or _kept(node) or _marker(node):
             if not _untranslated(node):  # a void's, or a verbatim element's own (<textarea placeholder>, <iframe title>)
                 attributes_of(node)
             builder.void(node, separates=node.name == "br")

@@ -666,3 +666,17 @@ def test_webvtt_escapes_are_read_as_their_characters_and_written_escaped_again()
     assert [s.text for s in read(source, "vtt").segments] == ["A dog & a cat run.", "A man <sits> at now."]
     out = translated(source, "vtt")
     assert "A DOG &amp; A CAT RUN." in out and "<v Roger>A MAN &lt;SITS&gt; AT https://x.org/?b=1&amp;c=2 NOW.</v>" in out
+
+
+def test_a_footnote_marker_keeps_its_number_after_its_words_translation():
+    # it wrapped the word its word became, its number lost: "Eine <sup><a href="#f1">Katze</a></sup> sitzt."
+    german = {"A": "Eine", "cat": "Katze", "cat1": "Katze", "sits.": "sitzt."}
+    change = lambda s: " ".join(german.get(w, w) for w in s.split())  # noqa: E731
+    source = '<p>A cat<sup><a href="#f1">1</a></sup> sits.</p>'
+    assert translated(source, "html", change) == '<p>Eine Katze<sup><a href="#f1">1</a></sup> sitzt.</p>'
+    assert translated("<p>A <b>red</b> car, H<sub>2</sub>O.</p>", "html") == "<p>A <b>RED</b> CAR, H<sub>2</sub>O.</p>"
+
+
+def test_label_attributes_are_translated():
+    assert translated('<select><optgroup label="Red cars"><option value="d">A dog</option></optgroup></select>', "html") == (
+        '<select><optgroup label="RED CARS"><option value="d">A DOG</option></optgroup></select>')
