@@ -45,6 +45,7 @@ PLACEHOLDER = regex.compile(
 )
 _SPACE = re.compile(r"[ \t\n\r\f]+")  # HTML's ASCII whitespace: a no-break space is text, not space
 _CLOSING = ",.;:!?)]}\u00bb\u201d"  # punctuation that takes no space before it
+_GLUE = re.compile(r"[+/|\-=~^&*:@#_\\]{1,3}")  # a symbol that joins two voids: Ctrl+C, {0}/{1}, a|b
 
 
 @dataclass
@@ -114,6 +115,8 @@ class SegmentBuilder:
         self.placeholders = placeholders
         self.last_void: list[int] = []  # voids written since the last text
         self.synthetic_space_at = -1  # where a separating void (<br>) put a space of its own
+        self.space_since_void = False  # whitespace came after the last void
+        self.pending: str | None = None  # a symbol glued to the void before it ("+" in Ctrl+C): a void if one follows
 
     @property
     def _ends_in_space(self) -> bool:
@@ -134,8 +137,14 @@ class SegmentBuilder:
     def _text(self, text: str) -> None:
         if not text:
             return
+        self._flush()
+        if self.last_void and _GLUE.fullmatch(text):  # "<kbd>Ctrl</kbd>+": a void too, if a void follows it
+            self.pending = text
+            return
         text = _SPACE.sub(" ", text)
         spaced = text.startswith(" ")
+        if spaced:
+            self.space_since_void = True
         if self.last_void:  # the last void before this text is spaced after when whitespace follows it
             i = self.last_void[-1]
             self.spans[i].space_after = spaced or (self.length > self.spans[i].start and self._ends_in_space
@@ -153,12 +162,20 @@ class SegmentBuilder:
         self.parts.append(text)
         self.length += len(text)
 
+    def _flush(self) -> None:
+        """The symbol held back after a void, as text: no void followed it."""
+        if self.pending is not None:
+            text, self.pending = self.pending, None
+            self._text(text)
+
     def open(self, tag: Any) -> None:
+        self._flush()
         self.spans.append(Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None,
                                space_before=self._ends_in_space or not self.parts))
         self.stack.append(len(self.spans) - 1)
 
     def close(self) -> None:
+        self._flush()
         index = self.stack.pop()
         span = self.spans[index]
         span.end = self.length
@@ -169,7 +186,19 @@ class SegmentBuilder:
              separates: bool = False) -> None:
         """A void at the current offset; ``before``/``after``: the raw text around it where the reader has it;
         ``separates``: the void parts words (``<br>``), so the text the model reads has a space there."""
-        spaced_before = (before[-1:].isspace() if before else self._ends_in_space or not self.parts)
+        if self.pending is not None:  # "Ctrl" "+" "C": the symbol between two glued voids is one of them
+            if before is None or not before[-1:].isspace():
+                symbol, self.pending = self.pending, None
+                self.void(symbol, before="x", after="x")
+            else:
+                self._flush()
+        if before:
+            spaced_before = before[-1:].isspace()
+        elif self.last_void:  # right after another void: spaced where whitespace came between them
+            spaced_before = self.space_since_void
+        else:
+            spaced_before = self._ends_in_space or not self.parts
+        self.space_since_void = False
         if self.last_void:  # right after another void, with no text between: that one is spaced as this one is
             self.spans[self.last_void[-1]].space_after = spaced_before
         span = Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None, void=True,
@@ -185,6 +214,7 @@ class SegmentBuilder:
 
     def build(self, where: str = "", cover: bool = False) -> Segment:
         """The segment: trailing space dropped, offsets clipped to the text."""
+        self._flush()
         while self.stack:  # an element the reader did not close ends with the segment
             self.close()
         text = "".join(self.parts)

@@ -680,3 +680,20 @@ def test_a_footnote_marker_keeps_its_number_after_its_words_translation():
 def test_label_attributes_are_translated():
     assert translated('<select><optgroup label="Red cars"><option value="d">A dog</option></optgroup></select>', "html") == (
         '<select><optgroup label="RED CARS"><option value="d">A DOG</option></optgroup></select>')
+
+
+@pytest.mark.parametrize("source, format", [
+    ("<p>A man types <kbd>Ctrl</kbd>+<kbd>C</kbd> and runs.</p>", "html"),
+    ("A man types <kbd>Ctrl</kbd>+<kbd>C</kbd> and runs.\n", "markdown"),
+    ("A man types `Ctrl`+`C` and runs.\n", "markdown"),
+    ("A man types {0}+{1} and runs.\n", "text"),
+    ("<p>A man types <code>a</code><code>b</code> and runs.</p>", "html"),
+])
+def test_a_symbol_between_two_glued_voids_stays_with_them(source, format):
+    # "Ctrl+C": the model read "A man types + and runs." and dropped the "+"; "Ctrl" and "C" wrapped a word
+    (seg,) = read(source, format).segments
+    assert seg.text == "A man types and runs."
+    german = {"A": "Ein", "man": "Mann", "types": "tippt", "and": "und", "runs.": "rennt."}
+    out = translated(source, format, lambda s: " ".join(german.get(w, w) for w in s.split()))
+    kept = source.split("types ")[1].split(" and")[0]
+    assert f"Ein Mann tippt {kept} und rennt." in out
