@@ -132,7 +132,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         for name in TRANSLATED_ATTRIBUTES:
             value = tag.get(name)
             if isinstance(value, str) and value.strip():
-                segment, lead, trail = plain_segment(value, f"<{tag.name} {name}>")
+                segment, lead, trail = plain_segment(value, f"line {tag.sourceline} <{tag.name} {name}>" if tag.sourceline
+                                                     else f"<{tag.name} {name}>")
                 attributes.append((len(segments), tag, name, lead, trail))
                 segments.append(segment)
 
@@ -158,7 +159,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         builder = SegmentBuilder()
         for node in run:
             add(builder, node)
-        segment = builder.build(f"<{parent.name}> {len(segments) + 1}")
+        line = next((n.sourceline for n in run if isinstance(n, Tag) and n.sourceline), None) or parent.sourceline
+        segment = builder.build(f"line {line} <{parent.name}>" if line else f"<{parent.name}> {len(segments) + 1}")
         if not segment.text.strip():  # only markup (an image alone): its attributes were taken, the rest stays
             return
         runs.append((len(segments), run))

@@ -697,3 +697,9 @@ def test_a_symbol_between_two_glued_voids_stays_with_them(source, format):
     out = translated(source, format, lambda s: " ".join(german.get(w, w) for w in s.split()))
     kept = source.split("types ")[1].split(" and")[0]
     assert f"Ein Mann tippt {kept} und rennt." in out
+
+
+def test_html_segments_name_their_source_line():
+    # "<p> 3" (a running count) read like a line number
+    page = '<!doctype html>\n<html><head><title>A dog</title></head>\n<body>\n\n<p>A man runs.</p>\n<img alt="A red car" src="x">\n</body></html>'
+    assert [s.where for s in read(page, "html").segments] == ["line 5 <p>", "line 6 <img alt>", "line 2 <title>"]
