@@ -27,8 +27,8 @@ _EXTENSIONS = ("gfm", "footnote", "frontmatter")
 # taken out of the segment and put back first, its line break after it, as a task's box is.
 _LEADING_MARK = re.compile(r"\[![A-Za-z]+\]\s*$")
 # Inline HTML: a start tag and its end tag in one block's text are an element placed around its words'
-# translation (as the html format places them); a tag without its partner is a void. The text inside
-# these elements is code or keys, kept verbatim with its tags, as the html format keeps them.
+# translation (as the html format places them); a tag without its partner is a void. An element of
+# _VERBATIM_INLINE (code, keys) is one void with its text, kept verbatim as the html format keeps it.
 _START_TAG = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)(?:\s[^>]*)?>\Z", re.S)
 _END_TAG = re.compile(r"</([A-Za-z][A-Za-z0-9-]*)\s*>\Z")
 _EMPTY_ELEMENTS = frozenset("area base br col embed hr img input link meta source track wbr".split())
