@@ -39,10 +39,16 @@ def _cue_text(builder: SegmentBuilder, text: str, escaped: bool = False) -> int:
     stack: list[str] = []
     at = 0
     plain = html.unescape if escaped else str
-    for match in _TAG.finditer(text):
+    matches = list(_TAG.finditer(text))
+    pairs = _override_pairs(matches)
+    for k, match in enumerate(matches):
         builder.text(plain(text[at : match.start()].replace("\n", " ")))
         closing, name = match.group(1), match.group(2)
-        if name and not closing:
+        if k in pairs:  # {\i1} ... {\i0}: an element, placed as <i> is
+            builder.open(match.group())
+        elif k in pairs.values():
+            builder.close()
+        elif name and not closing:
             builder.open(match.group())
             stack.append(name.split(".")[0].lower())
         elif name and stack and stack[-1] == name.split(".")[0].lower():
@@ -58,7 +64,28 @@ def _cue_text(builder: SegmentBuilder, text: str, escaped: bool = False) -> int:
     return sum(1 for line in text.split("\n") if line.strip()) or 1  # blank lines srt kept after a cue are not its lines
 
 
+_SWITCH = re.compile(r"\{\\([ibus])([01])\}")  # an override that turns italics, bold, underline or strike-out on or off
+
+
+def _override_pairs(matches: list) -> dict[int, int]:
+    """The override blocks that switch a style on and, later in the same cue with no HTML-like tag between,
+    off again (``{\\i1}...{\\i0}``): the index of each "on" among ``matches`` -> its "off"'s."""
+    pairs, stack = {}, []
+    for k, match in enumerate(matches):
+        switch = _SWITCH.fullmatch(match.group())
+        if switch is None:
+            if match.group().startswith("<"):  # never paired across a tag: the elements must nest
+                stack.clear()
+        elif switch.group(2) == "1":
+            stack.append((switch.group(1), k))
+        elif stack and stack[-1][0] == switch.group(1):
+            pairs[stack.pop()[1]] = k
+    return pairs
+
+
 def _closing_tag(opening: str) -> str:
+    if switch := _SWITCH.fullmatch(opening):
+        return "{\\" + switch.group(1) + "0}"
     name = re.match(r"<([A-Za-z][\w]*)", opening)
     return f"</{name.group(1)}>" if name else ""
 

@@ -703,3 +703,14 @@ def test_html_segments_name_their_source_line():
     # "<p> 3" (a running count) read like a line number
     page = '<!doctype html>\n<html><head><title>A dog</title></head>\n<body>\n\n<p>A man runs.</p>\n<img alt="A red car" src="x">\n</body></html>'
     assert [s.where for s in read(page, "html").segments] == ["line 5 <p>", "line 6 <img alt>", "line 2 <title>"]
+
+
+def test_subrip_style_switches_are_an_element_that_stays_in_order_when_the_words_reorder():
+    # {\i1} and {\i0} were voids placed apart: italics could switch off before they switched on
+    document = read("1\n00:00:01,000 --> 00:00:03,000\nHe {\\i1}sees a dog{\\i0} today.\n", "srt")
+    (seg,) = document.segments
+    assert seg.text == "He sees a dog today."
+    out = document.write([place(seg, "Heute Hund sieht er.", one_hot(4, 5, {0: 4, 1: 3, 2: 1, 3: 0}))])
+    assert out == "1\n00:00:01,000 --> 00:00:03,000\nHeute {\\i1}Hund sieht{\\i0} er.\n\n"
+    lone = "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A dog runs.\n"  # italics to the cue's end: no {\i0} added
+    assert translated(lone, "srt") == "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A DOG RUNS.\n\n"
