@@ -42,6 +42,29 @@ PRE_NEWLINE = ("pre", "textarea", "listing")
 MAX_ELEMENTS = 100_000
 MAX_DEPTH = 200
 _PAGE = re.compile(r"<!doctype|<html[\s>]|<body[\s>]|<head[\s>]", re.IGNORECASE)
+# What a page tag inside is not one: a comment, and the raw text of a script, a style and their kin
+_SKIPPED = re.compile(r"<!--|<(script|style|textarea|title|xmp|noembed|noframes|iframe)[\s>/]", re.IGNORECASE)
+
+
+def _is_page(text: str) -> bool:
+    """Whether ``text`` writes a page's own tags (a doctype, ``<html>``, ``<head>`` or ``<body>``) outside
+    comments and raw text ("<script>var s = '<body>'</script>" is a fragment's), in one pass."""
+    at, page = 0, _PAGE.search(text)
+    while page is not None:
+        skip = _SKIPPED.search(text, at, page.start() + 1)
+        if skip is None:
+            return True
+        if skip.group(1) is None:  # a comment: to its end
+            end = text.find("-->", skip.end())
+        else:  # raw text: to its end tag
+            close = re.compile(rf"</{skip.group(1)}\s*>", re.IGNORECASE).search(text, skip.end())
+            end = -1 if close is None else close.start()
+        if end < 0:
+            return False
+        at = end + 1
+        if page.start() < at:  # that one was inside: the next
+            page = _PAGE.search(text, at)
+    return False
 
 
 def _formatter():
@@ -197,7 +220,7 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         for tag in soup.head.find_all("title"):
             if not _untranslated(tag):
                 walk(tag)
-    page = bool(_PAGE.search(text))  # a page comes back as a page, a fragment as a fragment
+    page = _is_page(text)  # a page comes back as a page, a fragment as a fragment
     if target_lang and soup.html is not None and page and not kept and segments:  # a page with nothing translated keeps its lang
         soup.html["lang"] = target_lang
 

@@ -714,3 +714,12 @@ def test_subrip_style_switches_are_an_element_that_stays_in_order_when_the_words
     assert out == "1\n00:00:01,000 --> 00:00:03,000\nHeute {\\i1}Hund sieht{\\i0} er.\n\n"
     lone = "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A dog runs.\n"  # italics to the cue's end: no {\i0} added
     assert translated(lone, "srt") == "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A DOG RUNS.\n\n"
+
+
+def test_a_fragment_whose_script_or_comment_writes_a_page_tag_stays_a_fragment():
+    # "<body>" in a script's string made the fragment a page: <html lang="de"><head> added around it
+    source = '<script>var s = "<body>";</script><!-- <html> --><p>A dog runs.</p>'
+    out = translated(source, "html", target_lang="de")
+    assert out == '<script>var s = "<body>";</script><!-- <html> --><p>A DOG RUNS.</p>'
+    assert translated("<!-- saved --><html><body><p>A dog.</p></body></html>", "html", target_lang="de").startswith(
+        '<!-- saved --><html lang="de">')
