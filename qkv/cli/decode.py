@@ -44,7 +44,7 @@ def _translate_args(p: argparse.ArgumentParser) -> None:
                         "html, markdown, srt, vtt, po, or text (lines, with placeholders kept); default: from the "
                         "--input file's extension (.html, .md, .srt, .vtt, .po), else lines of plain text")
     p.add_argument("--lang", help="with a document: the target language written into it (HTML's lang, a PO header's "
-                                  "Language; default: the checkpoint's target language)")
+                                  "Language, a WebVTT Language header; default: the checkpoint's target language)")
 
 
 @command("translate", "translate sentences, one per line, stdin to stdout (or --input/--output)", _translate_args)

@@ -248,6 +248,11 @@ def read_vtt(text: str, target_lang: str | None = None) -> Document:
     def write(placed: list[list], reports=None) -> str:
         for caption, content in zip(captions, _cue_texts(placed, members, lines, texts, escaped=True)):
             caption.text = content
+        if target_lang and segments:  # a "Language:" header line (HLS's, and many players') names the target's
+            metadata = vtt.metadata
+            for k, line in enumerate(metadata):
+                if line.split(":", 1)[0].strip().lower() == "language":
+                    metadata[k] = f"{line.split(':', 1)[0]}: {target_lang}"
         return vtt.content
 
     return Document(segments, write, "vtt")

@@ -723,3 +723,10 @@ def test_a_fragment_whose_script_or_comment_writes_a_page_tag_stays_a_fragment()
     assert out == '<script>var s = "<body>";</script><!-- <html> --><p>A DOG RUNS.</p>'
     assert translated("<!-- saved --><html><body><p>A dog.</p></body></html>", "html", target_lang="de").startswith(
         '<!-- saved --><html lang="de">')
+
+
+def test_a_webvtt_language_header_names_the_target_language():
+    source = "WEBVTT\nLanguage: en\nKind: captions\n\n00:00:01.000 --> 00:00:02.000\nA dog runs.\n"
+    out = translated(source, "vtt", target_lang="de")
+    assert out.startswith("WEBVTT\nLanguage: de\nKind: captions\n\n") and "A DOG RUNS." in out
+    assert translated(source, "vtt").startswith("WEBVTT\nLanguage: en\n")  # no target language given: as it was
