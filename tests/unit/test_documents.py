@@ -558,13 +558,18 @@ def test_a_placeholder_between_punctuation_never_lands_among_a_words_letters():
 # ---- a hostile-input hunt's findings on the formats (2026-12-07), each failing on the code before it
 
 
-def test_markdown_inline_html_pairs_are_elements_that_stay_in_order_when_the_words_reorder():
-    # each tag was a void placed on its own: "Ein Mann mit Hut</span> geht <span>spazieren."
-    document = read("He <b>sees a dog</b> today.\n", "markdown")
+@pytest.mark.parametrize("source, format, expected", [
+    # Markdown's inline HTML: each tag was a void placed on its own ("Ein Mann mit Hut</span> geht <span>spazieren.")
+    ("He <b>sees a dog</b> today.\n", "markdown", "Heute <b>Hund sieht</b> er.\n"),
+    # SubRip's {\i1} and {\i0}: voids placed apart, italics could switch off before they switched on
+    ("1\n00:00:01,000 --> 00:00:03,000\nHe {\\i1}sees a dog{\\i0} today.\n", "srt",
+     "1\n00:00:01,000 --> 00:00:03,000\nHeute {\\i1}Hund sieht{\\i0} er.\n\n"),
+])
+def test_paired_tags_are_elements_that_stay_in_order_when_the_words_reorder(source, format, expected):
+    document = read(source, format)
     (seg,) = document.segments
     assert seg.text == "He sees a dog today."
-    out = document.write([place(seg, "Heute Hund sieht er.", one_hot(4, 5, {0: 4, 1: 3, 2: 1, 3: 0}))])
-    assert out == "Heute <b>Hund sieht</b> er.\n"
+    assert document.write([place(seg, "Heute Hund sieht er.", one_hot(4, 5, {0: 4, 1: 3, 2: 1, 3: 0}))]) == expected
 
 
 def test_markdown_inline_html_code_and_keys_are_kept_whole_and_lone_tags_stay_voids():
@@ -705,13 +710,7 @@ def test_html_segments_name_their_source_line():
     assert [s.where for s in read(page, "html").segments] == ["line 5 <p>", "line 6 <img alt>", "line 2 <title>"]
 
 
-def test_subrip_style_switches_are_an_element_that_stays_in_order_when_the_words_reorder():
-    # {\i1} and {\i0} were voids placed apart: italics could switch off before they switched on
-    document = read("1\n00:00:01,000 --> 00:00:03,000\nHe {\\i1}sees a dog{\\i0} today.\n", "srt")
-    (seg,) = document.segments
-    assert seg.text == "He sees a dog today."
-    out = document.write([place(seg, "Heute Hund sieht er.", one_hot(4, 5, {0: 4, 1: 3, 2: 1, 3: 0}))])
-    assert out == "1\n00:00:01,000 --> 00:00:03,000\nHeute {\\i1}Hund sieht{\\i0} er.\n\n"
+def test_a_subrip_style_left_on_to_the_cues_end_gets_no_switch_added():
     lone = "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A dog runs.\n"  # italics to the cue's end: no {\i0} added
     assert translated(lone, "srt") == "1\n00:00:01,000 --> 00:00:03,000\n{\\i1}A DOG RUNS.\n\n"
 
