@@ -340,9 +340,13 @@ def _render(target: str, spans: list[Span], ranges: dict[int, tuple[int, int]], 
             apart_before = (span.placeholder and not span.word_before and bool(nodes) and isinstance(nodes[-1], str)
                             and nodes[-1][-1:].isalnum())
             apart_after = span.placeholder and not span.word_after and target[at : at + 1].isalnum() and not more_here
-            # right after a void that was glued to what followed it in the source ("%(pct)d%%"): glued here too
-            glued = bool(nodes) and isinstance(nodes[-1], Void) and n > 0 and not spans[kids[n - 1]].space_after
-            before = " " if (span.space_before or apart_before) and not edge_before and not glued and (at > 0 or nodes) and not target[at - 1 : at].isspace() and not _ends_with_space(nodes) else ""
+            # right after a void it was glued to in the source, nothing between them ("%(pct)d%%"): glued here too
+            previous = spans[kids[n - 1]] if n else None
+            glued = (bool(nodes) and isinstance(nodes[-1], Void) and previous is not None and previous.start == span.start
+                     and not previous.space_after)
+            # the target's space before this point is the space before a void already written here, not this one's
+            spaced = target[at - 1 : at].isspace() and not (nodes and isinstance(nodes[-1], Void))
+            before = " " if (span.space_before or apart_before) and not edge_before and not glued and (at > 0 or nodes) and not spaced and not _ends_with_space(nodes) else ""
             after = " " if (span.space_after or apart_after) and not edge_after and (at < len(target) or more_here) and not target[at : at + 1].isspace() else ""
             node = Void(span.tag) if span.void else Element(span.tag, _render(target, spans, ranges, children, i))
             nodes.extend(x for x in (before, node, after) if x != "")

@@ -134,11 +134,11 @@ class SegmentBuilder:
             at = match.end()
         self._text(text[at:])
 
-    def _text(self, text: str) -> None:
+    def _text(self, text: str, hold: bool = True) -> None:
         if not text:
             return
         self._flush()
-        if self.last_void and _GLUE.fullmatch(text):  # "<kbd>Ctrl</kbd>+": a void too, if a void follows it
+        if hold and self.last_void and _GLUE.fullmatch(text):  # "<kbd>Ctrl</kbd>+": a void too, if a void follows it
             self.pending = text
             return
         text = _SPACE.sub(" ", text)
@@ -166,7 +166,7 @@ class SegmentBuilder:
         """The symbol held back after a void, as text: no void followed it."""
         if self.pending is not None:
             text, self.pending = self.pending, None
-            self._text(text)
+            self._text(text, hold=False)
 
     def open(self, tag: Any) -> None:
         self._flush()
@@ -189,7 +189,7 @@ class SegmentBuilder:
         if self.pending is not None:  # "Ctrl" "+" "C": the symbol between two glued voids is one of them
             if before is None or not before[-1:].isspace():
                 symbol, self.pending = self.pending, None
-                self.void(symbol, before="x", after="x")
+                self.void(symbol, before=symbol, after=symbol)  # glued to the void before it and to this one
             else:
                 self._flush()
         if before:

@@ -729,3 +729,27 @@ def test_a_webvtt_language_header_names_the_target_language():
     out = translated(source, "vtt", target_lang="de")
     assert out.startswith("WEBVTT\nLanguage: de\nKind: captions\n\n") and "A DOG RUNS." in out
     assert translated(source, "vtt").startswith("WEBVTT\nLanguage: en\n")  # no target language given: as it was
+
+
+def test_a_symbol_after_a_void_that_no_void_follows_stays_in_what_the_model_reads():
+    # held back in case a void followed ("Ctrl+C"), it was dropped from the segment at its end
+    assert [s.text for s in read("Save `page.html`:\n", "markdown").segments] == ["Save:"]
+    assert [s.text for s in read("A {x}-\n", "text").segments] == ["A -"]
+    assert translated("Save `page.html`:\n", "markdown") == "SAVE `page.html`:\n"
+
+
+def test_voids_apart_in_the_source_stay_apart_where_the_translation_drops_what_was_between():
+    # "`--n-best`, `--sampling`" came back "`--n-best``--sampling`" where the model dropped the comma
+    document = read("Use (`a`, `b`) now.\n", "markdown")
+    (seg,) = document.segments
+    assert seg.text == "Use (,) now."
+    out = document.write([place(seg, "Nutze () jetzt.", one_hot(3, 3, {0: 0, 1: 1, 2: 2}))])  # the comma dropped
+    assert out == "Nutze (`a` `b`) jetzt.\n"
+
+
+def test_two_voids_apart_in_the_source_that_land_on_one_point_after_a_space_stay_apart():
+    # the second took the target's space before the point as its own, already written before the first
+    seg = segment(("text", "Use "), ("void", "a"), ("text", "x "), ("void", "b"), ("text", "now."))
+    weights = np.full((2, 3), 0.01)
+    weights[0, 0], weights[1, 1], weights[1, 2] = 1.0, 0.5, 1.0  # "x" and "now." both became "jetzt."
+    assert tagged(place(seg, "Nutze jetzt.", weights)) == "Nutze <a/> <b/>jetzt."
