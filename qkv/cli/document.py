@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from qkv.errors import QkvError
 from qkv.cli.common import command, decode_config, decoding_shortlist, text_options, translator_of
-from qkv.document.formats import FORMATS
+from qkv.document.formats import FORMATS, check_language_tag
 
 MARKUP_FORMATS = ("html", "markdown")  # the formats with inline markup to place on a given translation
 
@@ -72,19 +71,14 @@ def text_format_writer(translator, plain=None, glossary=None, glossary_always: b
     return write
 
 
-# A language tag as BCP 47 writes one (de, pt-BR, sr-Latn-RS) or gettext does (pt_BR, sr@latin)
-LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*(?:@[A-Za-z0-9]{1,16})?")
-
-
 def check_document_args(args: argparse.Namespace) -> None:
     """What a document cannot be translated with, refused before anything loads."""
     for flag, given in (("--n-best", args.n_best > 1), ("--sampling", args.sampling), ("--trace", args.trace),
                         ("--glossary-report", args.glossary_report), ("--progress", args.progress)):
         if given:
             raise QkvError(f"{flag} goes with lines of plain text, not with a document (--format)")
-    lang = getattr(args, "lang", None)
-    if lang is not None and not LANGUAGE_TAG.fullmatch(lang):  # written into the document as it is
-        raise QkvError(f"--lang {lang!r} is not a language tag (as de, pt-BR or zh_Hant: letters and digits parted by - or _)")
+    if getattr(args, "lang", None) is not None:  # refused here, before anything loads
+        check_language_tag(args.lang, "--lang")
 
 
 def read_document(path: str | None) -> str:

@@ -19,10 +19,11 @@ FORMATS = ("text", "html", "markdown", "srt", "vtt", "po")
 EXTENSIONS = {".txt": "text", ".html": "html", ".htm": "html", ".md": "markdown",
               ".markdown": "markdown", ".srt": "srt", ".vtt": "vtt", ".po": "po", ".pot": "po"}
 # Extensions of formats qkv does not write: named, so that such a file is not read as lines of text
-NOT_WRITTEN = {".xhtml": "an XHTML file is XML, and qkv writes HTML (<br>, not <br/>; CDATA as a comment): "
-                         "give --format html to have it back as HTML",
-               ".xht": "an XHTML file is XML, and qkv writes HTML (<br>, not <br/>; CDATA as a comment): "
-                       "give --format html to have it back as HTML"}
+NOT_WRITTEN = dict.fromkeys((".xhtml", ".xht"), "an XHTML file is XML, and qkv writes HTML (<br>, not <br/>; CDATA as "
+                                                "a comment): give --format html to have it back as HTML")
+# A language tag as BCP 47 writes one (de, pt-BR, sr-Latn-RS) or gettext does (pt_BR, sr@latin): what a document
+# may be told its language is (HTML's lang, a PO header's Language, a WebVTT Language header take it as it is)
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*(?:@[A-Za-z0-9]{1,16})?")
 MAX_BYTES = 5_000_000
 # Words of one segment (a paragraph, a cue group, an entry): its markup is placed over a (target words x
 # source words) alignment, so a block's cost grows with its words squared; this bounds it (32 MB, seconds).
@@ -38,7 +39,13 @@ def format_of(path: str | Path | None) -> str | None:
     suffix = Path(path).suffix.lower() if path else ""
     if suffix in NOT_WRITTEN:
         raise QkvError(f"{path}: {NOT_WRITTEN[suffix]}")
-    return EXTENSIONS.get(suffix) if path else None
+    return EXTENSIONS.get(suffix)
+
+
+def check_language_tag(lang: str, name: str = "the target language") -> None:
+    """A QkvError unless ``lang`` is a language tag (``LANGUAGE_TAG``): it is written into the document as it is."""
+    if not LANGUAGE_TAG.fullmatch(lang):
+        raise QkvError(f"{name} {lang!r} is not a language tag (as de, pt-BR or zh_Hant: letters and digits parted by - or _)")
 
 
 _TEXT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")  # a line and its line feed; the last without one
@@ -76,7 +83,9 @@ def read_text(text: str, target_lang: str | None = None) -> Document:
 
 def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
     """``text`` read as a ``format`` document (one of ``FORMATS``); a QkvError where it is broken or
-    beyond the bounds (``MAX_BYTES``, ``MAX_SEGMENT_WORDS``)."""
+    beyond the bounds (``MAX_BYTES``, ``MAX_SEGMENT_WORDS``), or where ``target_lang`` is not a language tag."""
+    if target_lang:
+        check_language_tag(target_lang)
     document = _read(text, format, target_lang)
     for segment in document.segments:
         if len(segment.text.split()) > MAX_SEGMENT_WORDS:

@@ -731,6 +731,14 @@ def test_a_webvtt_language_header_names_the_target_language():
     assert translated(source, "vtt").startswith("WEBVTT\nLanguage: en\n")  # no target language given: as it was
 
 
+def test_a_target_language_that_is_not_a_language_tag_is_refused_by_every_reader():
+    # the command refused --lang "de\nPlural-Forms: ..."; the server and qkv.translate_document read documents too
+    for format, text in (("po", 'msgid "A dog."\nmsgstr ""\n'), ("html", "<html><p>A dog.</p></html>"), ("vtt", "WEBVTT\n")):
+        with pytest.raises(QkvError, match="not a language tag"):
+            read(text, format, target_lang="de\nPlural-Forms: nplurals=99")
+    assert read('msgid "A dog."\nmsgstr ""\n', "po", target_lang="pt_BR").segments
+
+
 def test_a_symbol_after_a_void_that_no_void_follows_stays_in_what_the_model_reads():
     # held back in case a void followed ("Ctrl+C"), it was dropped from the segment at its end
     assert [s.text for s in read("Save `page.html`:\n", "markdown").segments] == ["Save:"]
