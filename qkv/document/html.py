@@ -20,6 +20,7 @@ shown. A page (with ``<html>``, ``<body>`` or a doctype) comes back as a page; a
 from __future__ import annotations
 
 import re
+import warnings
 
 from qkv.errors import QkvError
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
@@ -42,8 +43,11 @@ PRE_NEWLINE = ("pre", "textarea", "listing")
 MAX_ELEMENTS = 100_000
 MAX_DEPTH = 200
 _PAGE = re.compile(r"<!doctype|<html[\s>]|<body[\s>]|<head[\s>]", re.IGNORECASE)
-# What a page tag inside is not one: a comment, and the raw text of a script, a style and their kin
-_SKIPPED = re.compile(r"<!--|<(script|style|textarea|title|xmp|noembed|noframes|iframe)[\s>/]", re.IGNORECASE)
+# What a page tag inside is not one: a comment, and the text the parser reads raw (RAW_TEXT, and the
+# escapable raw text of <textarea> and <title>), up to its end tag
+_TEXT_ONLY = RAW_TEXT | {"textarea", "title"}
+_SKIPPED = re.compile(rf"<!--|<({'|'.join(sorted(_TEXT_ONLY))})[\s>/]", re.IGNORECASE)
+_END_OF = {name: re.compile(rf"</{name}\s*>", re.IGNORECASE) for name in _TEXT_ONLY}
 
 
 def _is_page(text: str) -> bool:
@@ -57,7 +61,7 @@ def _is_page(text: str) -> bool:
         if skip.group(1) is None:  # a comment: to its end
             end = text.find("-->", skip.end())
         else:  # raw text: to its end tag
-            close = re.compile(rf"</{skip.group(1)}\s*>", re.IGNORECASE).search(text, skip.end())
+            close = _END_OF[skip.group(1).lower()].search(text, skip.end())
             end = -1 if close is None else close.start()
         if end < 0:
             return False
@@ -136,11 +140,7 @@ def _check_shape(soup) -> None:
 
 def read_html(text: str, target_lang: str | None = None) -> Document:
     """An HTML document or fragment as segments and a writer (module docstring)."""
-    from bs4 import BeautifulSoup, Comment, NavigableString, Tag
-
-    import warnings
-
-    from bs4 import XMLParsedAsHTMLWarning
+    from bs4 import BeautifulSoup, Comment, NavigableString, Tag, XMLParsedAsHTMLWarning
 
     try:
         with warnings.catch_warnings():  # an XHTML page (<?xml ...?>) is read as HTML, as the docs say: no warning
@@ -182,7 +182,8 @@ def read_html(text: str, target_lang: str | None = None) -> Document:
         builder = SegmentBuilder()
         for node in run:
             add(builder, node)
-        line = next((n.sourceline for n in run if isinstance(n, Tag) and n.sourceline), None) or parent.sourceline
+        first = run[0]  # the line of the run's first element where it starts the run, else its block's
+        line = (first.sourceline if isinstance(first, Tag) else None) or parent.sourceline
         segment = builder.build(f"line {line} <{parent.name}>" if line else f"<{parent.name}> {len(segments) + 1}")
         if not segment.text.strip():  # only markup (an image alone): its attributes were taken, the rest stays
             return

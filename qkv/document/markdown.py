@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 
 from qkv.errors import QkvError
+from qkv.document.html import VERBATIM
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
 
 # mdformat-gfm (its tables are mdformat-tables), mdformat-footnote and mdformat-frontmatter
@@ -27,12 +28,11 @@ _EXTENSIONS = ("gfm", "footnote", "frontmatter")
 # taken out of the segment and put back first, its line break after it, as a task's box is.
 _LEADING_MARK = re.compile(r"\[![A-Za-z]+\]\s*$")
 # Inline HTML: a start tag and its end tag in one block's text are an element placed around its words'
-# translation (as the html format places them); a tag without its partner is a void. An element of
-# _VERBATIM_INLINE (code, keys) is one void with its text, kept verbatim as the html format keeps it.
+# translation (as the html format places them); a tag without its partner is a void. An element the html
+# format keeps verbatim (qkv.document.html.VERBATIM: code, keys) is one void with its text.
 _START_TAG = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)(?:\s[^>]*)?>\Z", re.S)
 _END_TAG = re.compile(r"</([A-Za-z][A-Za-z0-9-]*)\s*>\Z")
-_EMPTY_ELEMENTS = frozenset("area base br col embed hr img input link meta source track wbr".split())
-_VERBATIM_INLINE = frozenset("code kbd samp var tt script style".split())
+_EMPTY_ELEMENTS = frozenset("area base br col embed hr img input link meta source track wbr".split())  # no end tag
 MAX_NESTING = 100  # block levels (a list level is two: the list and its item); markdown-it's CommonMark preset stops at 20
 
 
@@ -81,8 +81,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     # "{{ page.title }}", a template's, is not YAML's mapping)
     front = next((t for t in tokens if t.type == "front_matter"), None)
     if front is not None:
-        source_lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as markdown-it counts lines
-        front_text = "\n".join(source_lines[front.map[0] : front.map[1]]) + "\n"
+        head = text.replace("\r\n", "\n").replace("\r", "\n").split("\n", front.map[1])  # lines as markdown-it counts them
+        front_text = "\n".join(head[front.map[0] : front.map[1]]) + "\n"
         tokens = [t for t in tokens if t is not front]
     segments, inlines, alts, leads = [], [], [], {}  # leads: what stays first in its block
     for token in tokens:
@@ -104,22 +104,24 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             if not children:
                 continue
         stack: list[list] = []
-        partner = _html_pairs(children)  # a start tag's index -> its end tag's
+        partner = _html_pairs(children)  # a start tag's index -> its end tag's index and the element's name
+        ends = {end for end, _ in partner.values()}
         i = 0
         while i < len(children):
             child = children[i]
-            if i in partner and _START_TAG.match(child.content).group(1).lower() in _VERBATIM_INLINE:
-                builder.void(children[i : partner[i] + 1])  # <code>...</code>, <kbd>...</kbd>: kept whole
-                i = partner[i] + 1
+            if i in partner and partner[i][1] in VERBATIM:  # <code>...</code>, <kbd>...</kbd>: kept whole
+                builder.void(children[i : partner[i][0] + 1])
+                i = partner[i][0] + 1
                 continue
-            if i in partner or i in partner.values():  # an inline HTML element: placed as emphasis is
-                if i in partner:
-                    tag = [child, None]
-                    stack.append(tag)
-                    builder.open(tag)
-                else:
-                    stack.pop()[1] = child
-                    builder.close()
+            if i in partner:  # an inline HTML element: placed as emphasis is
+                tag = [child, None]
+                stack.append(tag)
+                builder.open(tag)
+                i += 1
+                continue
+            if i in ends:
+                stack.pop()[1] = child
+                builder.close()
                 i += 1
                 continue
             if (child.type == "link_open" and child.markup == "autolink") or child.type == "gfm_autolink_open":
@@ -179,9 +181,9 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     return Document(segments, write, "markdown")
 
 
-def _html_pairs(children: list) -> dict[int, int]:
+def _html_pairs(children: list) -> dict[int, tuple[int, str]]:
     """The inline HTML start tags of one block's tokens that have their end tag, nested with the Markdown
-    spans around them (``<b>*x*</b>``, not ``<b>*x</b>*``): start index -> end index."""
+    spans around them (``<b>*x*</b>``, not ``<b>*x</b>*``): start index -> (end index, element name)."""
     pairs, stack = {}, []  # stack: ("md", None, i) for a Markdown span's open token, ("html", name, i) for a start tag
     for i, child in enumerate(children):
         if child.type == "html_inline":
@@ -189,7 +191,8 @@ def _html_pairs(children: list) -> dict[int, int]:
                     and start.group(1).lower() not in _EMPTY_ELEMENTS:
                 stack.append(("html", start.group(1).lower(), i))
             elif (end := _END_TAG.match(child.content)) and stack and stack[-1][:2] == ("html", end.group(1).lower()):
-                pairs[stack.pop()[2]] = i
+                _, name, start = stack.pop()
+                pairs[start] = (i, name)
         elif child.type.endswith("_open") and child.type != "gfm_autolink_open" and child.markup != "autolink":
             stack.append(("md", None, i))
         elif child.type.endswith("_close") and child.type != "gfm_autolink_close" and child.markup != "autolink":

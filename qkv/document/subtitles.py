@@ -41,12 +41,13 @@ def _cue_text(builder: SegmentBuilder, text: str, escaped: bool = False) -> int:
     plain = html.unescape if escaped else str
     matches = list(_TAG.finditer(text))
     pairs = _override_pairs(matches)
+    offs = set(pairs.values())
     for k, match in enumerate(matches):
         builder.text(plain(text[at : match.start()].replace("\n", " ")))
         closing, name = match.group(1), match.group(2)
         if k in pairs:  # {\i1} ... {\i0}: an element, placed as <i> is
             builder.open(match.group())
-        elif k in pairs.values():
+        elif k in offs:
             builder.close()
         elif name and not closing:
             builder.open(match.group())
@@ -153,6 +154,8 @@ def _groups(cues: list[tuple[str, float, float]]) -> list[list[int]]:
 
 
 def _segments(texts: list[str], times: list[tuple[float, float]], escaped: bool = False):
+    """The cues' segments (``_groups``), the cue indices of each, and each cue's shape: its count of lines
+    and its leading override blocks (``_LEAD``)."""
     segments, members, lines = [], [], [1] * len(texts)
     leads = [m.group() if (m := _LEAD.match(t)) else "" for t in texts]
     for group in _groups([(t, a, b) for t, (a, b) in zip(texts, times)]):
@@ -202,10 +205,10 @@ def read_srt(text: str, target_lang: str | None = None) -> Document:
         n = next((i for i, line in enumerate(lines) if _TIMING.match(line) and not (i and lines[i - 1].strip().isdigit())), None)
         where = f"line {n + 1}: " if n is not None else ""
         raise QkvError(f"{where}a timing line inside a cue's text (a blank line and a cue number missing before it?)")
-    segments, members, lines = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
+    segments, members, shape = _segments(texts, [(s.start.total_seconds(), s.end.total_seconds()) for s in subtitles])
 
     def write(placed: list[list], reports=None) -> str:
-        for subtitle, content in zip(subtitles, _cue_texts(placed, members, lines, texts)):
+        for subtitle, content in zip(subtitles, _cue_texts(placed, members, shape, texts)):
             subtitle.content = content
         return srt.compose(subtitles, reindex=False, strict=False)
 
@@ -243,10 +246,10 @@ def read_vtt(text: str, target_lang: str | None = None) -> Document:
         raise QkvError(f"line {bad}: not a WebVTT cue timing ('start --> end' with times as hh:mm:ss.ttt)")
     _check_arrows(source_lines)
     texts = [c.raw_text for c in captions]
-    segments, members, lines = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions], escaped=True)
+    segments, members, shape = _segments(texts, [(c.start_in_seconds, c.end_in_seconds) for c in captions], escaped=True)
 
     def write(placed: list[list], reports=None) -> str:
-        for caption, content in zip(captions, _cue_texts(placed, members, lines, texts, escaped=True)):
+        for caption, content in zip(captions, _cue_texts(placed, members, shape, texts, escaped=True)):
             caption.text = content
         if target_lang and segments:  # a "Language:" header line (HLS's, and many players') names the target's
             metadata = vtt.metadata
