@@ -98,7 +98,7 @@ def read_document(path: str | None) -> str:
         text = raw
     else:
         try:
-            text = raw.decode("utf-8-sig")
+            text = raw.decode("utf-8")  # a byte order mark is kept for the reader: it comes back in the output
         except UnicodeDecodeError as error:
             line = raw[: error.start].count(b"\n") + 1
             raise QkvError(f"{path or 'standard input'}, line {line}: not UTF-8 text (byte {error.start})") from None

@@ -2,7 +2,9 @@
 
 ``text``: each line a segment, its placeholders kept (``qkv.document.segments.PLACEHOLDER``), its
 indent and line ending as they were; ``html``, ``markdown``, ``srt``, ``vtt`` and ``po``: their own
-modules. ``format_of`` names a file's format by its extension. Every document is bounded before any
+modules, which read and write line feeds: a document whose every line ends in CR LF (as Windows tools
+write subtitles and catalogues) is read with line feeds and written back with CR LF, and a byte order
+mark at its start comes back too (``read``). ``format_of`` names a file's format by its extension. Every document is bounded before any
 translation: ``MAX_BYTES`` of text, ``MAX_SEGMENT_WORDS`` words and ``MAX_SEGMENT_MARKUP`` pieces of markup a
 block (and the HTML reader's element and depth bounds, the Markdown reader's depth bound).
 """
@@ -10,6 +12,7 @@ block (and the HTML reader's element and depth bounds, the Markdown reader's dep
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from qkv.errors import QkvError
@@ -83,9 +86,17 @@ def read_text(text: str, target_lang: str | None = None) -> Document:
 
 def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
     """``text`` read as a ``format`` document (one of ``FORMATS``); a QkvError where it is broken or
-    beyond the bounds (``MAX_BYTES``, ``MAX_SEGMENT_WORDS``), or where ``target_lang`` is not a language tag."""
+    beyond the bounds (``MAX_BYTES``, ``MAX_SEGMENT_WORDS``), or where ``target_lang`` is not a language tag.
+    The document is written as it was stored: a byte order mark at its start is no text but comes back, and
+    a document whose lines all end in CR LF is read with line feeds and written with CR LF again (the text
+    format keeps each line's own ending)."""
     if target_lang:
         check_language_tag(target_lang)
+    bom = text.startswith("\ufeff")
+    text = text.removeprefix("\ufeff")  # a byte order mark (open(..., encoding="utf-8") keeps it) is no text
+    crlf = format != "text" and "\n" in text and text.count("\r\n") == text.count("\n")
+    if crlf:
+        text = text.replace("\r\n", "\n")
     document = _read(text, format, target_lang)
     for segment in document.segments:
         if len(segment.text.split()) > MAX_SEGMENT_WORDS:
@@ -94,13 +105,24 @@ def read(text: str, format: str, *, target_lang: str | None = None) -> Document:
         if len(segment.spans) > MAX_SEGMENT_MARKUP:
             raise QkvError(f"{segment.where}: a block with {len(segment.spans):,} pieces of markup (tags, line breaks, "
                            f"placeholders); qkv translates blocks of up to {MAX_SEGMENT_MARKUP:,} (split it into paragraphs)")
+    if bom or crlf:
+        document = replace(document, write=_as_stored(document.write, bom=bom, crlf=crlf))
     return document
+
+
+def _as_stored(write, *, bom: bool, crlf: bool):
+    """``write`` giving the document back with the byte order mark and the CR LF line endings it was read with."""
+
+    def stored(*args, **kwargs) -> str:
+        out = write(*args, **kwargs)
+        return ("\ufeff" if bom else "") + (out.replace("\n", "\r\n") if crlf else out)
+
+    return stored
 
 
 def _read(text: str, format: str, target_lang: str | None) -> Document:
     if format not in FORMATS:
         raise QkvError(f"unknown document format {format!r}: one of {', '.join(FORMATS)}")
-    text = text.removeprefix("\ufeff")  # a byte order mark (open(..., encoding="utf-8") keeps it) is no text
     if len(text) > MAX_BYTES:
         raise QkvError(f"the document has {len(text):,} characters: qkv translates documents of up to {MAX_BYTES:,} (split it)")
     if format == "text":

@@ -107,6 +107,16 @@ def test_subtitles_keep_their_cues_and_a_catalogue_passes_msgfmt(tiny_run, tmp_p
     assert check.returncode == 0, check.stderr
 
 
+def test_a_windows_subtitle_file_comes_back_with_its_byte_order_mark_and_cr_lf(tiny_run, tmp_path):
+    (tmp_path / "en.srt").write_bytes(("\ufeff" + SRT.replace("\n", "\r\n")).encode("utf-8"))
+    done = qkv("translate", "--checkpoint", tiny_run, "-i", "en.srt", "-o", "de.srt", "--beam", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = (tmp_path / "de.srt").read_bytes()
+    assert out.startswith(b"\xef\xbb\xbf") and out.count(b"\n") == out.count(b"\r\n") > 0
+    piped = qkv("translate", "--checkpoint", tiny_run, "--format", "srt", "--beam", "2", cwd=tmp_path, stdin=SRT)
+    assert out.decode("utf-8") == "\ufeff" + piped.stdout.replace("\n", "\r\n")  # the same translation, as stored
+
+
 def test_bad_documents_are_one_line_and_nothing_is_written(tiny_run, tmp_path):
     (tmp_path / "broken.srt").write_text("1\n00:00:01,000 -> 00:00:02,000\nHi\n", encoding="utf-8")
     done = qkv("translate", "--checkpoint", tiny_run, "-i", "broken.srt", "-o", "out.srt", cwd=tmp_path)

@@ -78,10 +78,11 @@ def test_markdown_nested_beyond_the_bound_is_refused_not_cut(text):
     refused(text, "markdown", "nested more than 100 deep")
 
 
-def test_a_byte_order_mark_is_not_text():
-    """``open(path, encoding="utf-8").read()`` keeps a BOM: the API and the server read the heading as one."""
-    assert translated("\ufeff# A brown dog\n\nA man runs.\n", "markdown") == "# A BROWN DOG\n\nA MAN RUNS.\n"
-    assert translated("\ufeff<p>A dog.</p>", "html") == "<p>A DOG.</p>"
+def test_a_byte_order_mark_is_not_text_and_comes_back():
+    """``open(path, encoding="utf-8").read()`` keeps a BOM: the API and the server read the heading as one,
+    and write the mark back where the document had it, as the file was stored."""
+    assert translated("\ufeff# A brown dog\n\nA man runs.\n", "markdown") == "\ufeff# A BROWN DOG\n\nA MAN RUNS.\n"
+    assert translated("\ufeff<p>A dog.</p>", "html") == "\ufeff<p>A DOG.</p>"
 
 
 def test_an_html_block_beyond_the_markup_bound_is_refused():

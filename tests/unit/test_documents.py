@@ -761,3 +761,29 @@ def test_two_voids_apart_in_the_source_that_land_on_one_point_after_a_space_stay
     weights = np.full((2, 3), 0.01)
     weights[0, 0], weights[1, 1], weights[1, 2] = 1.0, 0.5, 1.0  # "x" and "now." both became "jetzt."
     assert tagged(place(seg, "Nutze jetzt.", weights)) == "Nutze <a/> <b/>jetzt."
+
+
+STORED = {  # one small document of each format, with line feeds
+    "srt": "1\n00:00:01,000 --> 00:00:02,000\nA dog runs.\n\n2\n00:00:03,000 --> 00:00:04,000\nA cat <i>sleeps</i>.\n",
+    "vtt": "WEBVTT\n\n00:01.000 --> 00:02.000\nA dog runs\nacross the field.\n",
+    "po": 'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n#: a.c:1\nmsgid "A dog runs."\nmsgstr ""\n',
+    "markdown": "# Title\n\nA dog runs.\nIt is fast.\n\n- one\n- two\n\n```\ncode\n```\n",
+    "html": "<p>A dog runs.\nIt is fast.</p>\n<pre>\ncode\nmore</pre>\n",
+    "text": "A dog.\n\nA cat.\n",
+}
+
+
+@pytest.mark.parametrize("format", sorted(STORED))
+@pytest.mark.parametrize("bom", ["", "\ufeff"])
+def test_a_document_comes_back_with_the_line_endings_and_byte_order_mark_it_was_stored_with(format, bom):
+    """Windows tools write subtitles and catalogues with CR LF (and often a BOM): the translation is the one
+    of the same document with line feeds, written as the source was stored."""
+    lf = translated(STORED[format], format)
+    assert "\r" not in lf
+    assert translated(bom + STORED[format].replace("\n", "\r\n"), format) == bom + lf.replace("\n", "\r\n")
+    assert translated(bom + STORED[format], format) == bom + lf
+
+
+def test_a_document_of_mixed_line_endings_is_not_given_cr_lf_throughout():
+    mixed = "<p>A dog runs.\r\nIt is fast.</p>\n<pre>code\nmore</pre>\n"
+    assert "\r\n" not in translated(mixed, "html")
