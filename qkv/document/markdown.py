@@ -11,7 +11,9 @@ marker (``> [!NOTE]``) stay at their block's start; an image is a void whose alt
 its own. Fenced and indented code and HTML blocks are kept as they are, the front matter as the source
 wrote it (not as mdformat-frontmatter would dump its YAML again). mdformat's
 renderer writes the tokens back, so the output is the same document in mdformat's normal form (its
-emphasis markers, list markers and line breaks: a paragraph comes back on one line).
+emphasis markers and list markers), laid out as the source was: a paragraph the source wrapped is wrapped
+at the width of its source lines (one the source wrote on one line stays on one), and a table the source did not
+pad to aligned columns is written compact (``_Layout``).
 """
 
 from __future__ import annotations
@@ -65,9 +67,77 @@ def _parser():
         plugin = mdformat.plugins.PARSER_EXTENSIONS[name]
         md.options["parser_extension"].append(plugin)
         plugin.update_mdit(md)
+    extensions = md.options["parser_extension"]  # mdformat-gfm added its table plugin: its renderers take the layout
+    tables = next(plugin for plugin in extensions if "table" in plugin.RENDERERS)
+    extensions[extensions.index(tables)] = _Layout(tables)
     md.options["codeformatters"] = {}
     _refuse_deeper(md)
     return md
+
+
+class _Layout:
+    """The table plugin's renderers (the one mdformat-gfm enables), with the source's layout: a paragraph
+    whose inline token carries ``meta["qkv.wrap"]`` is wrapped at that width (mdformat's own wrapping,
+    which escapes what would start a list or a heading at a line's start), and a table whose
+    ``table_open`` carries ``meta["qkv.compact"]`` (its source delimiter row) is written unpadded with
+    that delimiter row. Each is a choice of its own block: mdformat's options hold one for a whole document."""
+
+    def __init__(self, plugin) -> None:
+        from mdformat.renderer import DEFAULT_RENDERERS
+
+        self.POSTPROCESSORS = getattr(plugin, "POSTPROCESSORS", {})
+        table, paragraph = plugin.RENDERERS["table"], DEFAULT_RENDERERS["paragraph"]
+
+        def wrapped(node, context) -> str:
+            width = node.children[0].meta.get("qkv.wrap") if node.children else None
+            return paragraph(node, _with(context, wrap=width) if width else context)
+
+        self.RENDERERS = {**plugin.RENDERERS, "paragraph": wrapped,
+                          "table": lambda node, context: _compact_table(node, context) if node.meta.get("qkv.compact") else table(node, context)}
+
+
+def _with(context, **options):
+    """``context`` with mdformat render ``options`` of its own."""
+    return context._replace(options={**context.options, "mdformat": {**context.options.get("mdformat", {}), **options}})
+
+
+def _compact_table(node, context) -> str:
+    """A table's rows as ``| a | b |``, unpadded, under the source's own delimiter row (its cells rendered
+    by the table plugin, which escapes a ``|`` in them)."""
+    rows: list[list[str]] = []
+    for descendant in node.walk(include_self=False):
+        if descendant.type == "tr":
+            rows.append([])
+        elif descendant.type in ("th", "td"):
+            rows[-1].append(descendant.render(context))
+    lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|" for row in rows]
+    return "\n".join([lines[0], node.meta["qkv.compact"], *lines[1:]])
+
+
+_CONTAINER = re.compile(r"^[ \t>]*")  # a block quote's markers and a list item's indent before a table's line
+
+
+def _wrap_width(lines: list[str]) -> int | None:
+    """The width to wrap a paragraph's translation at, from the source lines it broke with a soft line break
+    (a hard break, two spaces or a backslash at a line's end, and the paragraph's last line break nothing):
+    the longest, leaving out one the source let run long (over 1.2 times their median); None if none."""
+    widths = sorted(len(line.rstrip()) for line in lines[:-1] if not line.endswith(("  ", "\\")))
+    if not widths:
+        return None
+    median = widths[len(widths) // 2]
+    return max(w for w in widths if w <= 1.2 * median)
+
+
+def _mark_tables(tokens: list, lines: list[str]) -> None:
+    """Note on each table whose source rows are not padded to one width its delimiter row (it is written
+    compact under it)."""
+    for token in tokens:
+        if token.type != "table_open" or token.map is None:
+            continue
+        source = [line.rstrip() for line in lines[token.map[0] : token.map[1]]]
+        if len(source) > 1:
+            if len({len(line) for line in source}) > 1:
+                token.meta["qkv.compact"] = _CONTAINER.sub("", source[1])
 
 
 def read_markdown(text: str, target_lang: str | None = None) -> Document:
@@ -77,6 +147,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     md = _parser()
     env: dict = {}
     tokens = md.parse(text, env)
+    lines = text.split("\n")
+    _mark_tables(tokens, lines)
     # The front matter comes back as the source wrote it (mdformat-frontmatter would dump its YAML anew:
     # "{{ page.title }}", a template's, is not YAML's mapping)
     front = next((t for t in tokens if t.type == "front_matter"), None)
@@ -85,11 +157,12 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
         front_text = "\n".join(head[front.map[0] : front.map[1]]) + "\n"
         tokens = [t for t in tokens if t is not front]
     segments, inlines, alts, leads = [], [], [], {}  # leads: what stays first in its block
-    for token in tokens:
+    for n, token in enumerate(tokens):
         if token.type != "inline" or not token.children:
             continue
         builder = SegmentBuilder()
         children = token.children
+        first_line = 0  # of the block's source lines, the first its text is on
         if children[0].type == "html_inline" and "task-list-item-checkbox" in children[0].content:
             leads[id(token)] = [children[0]]  # a task's box: put back first, where mdformat-gfm's renderer reads it
             children = children[1:]
@@ -100,6 +173,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             if not rest and children and children[0].type == "softbreak":  # "> [!NOTE]" on a line of its own
                 lead.append(children[0])
                 children = children[1:]
+                first_line = 1
             leads[id(token)] = lead
             if not children:
                 continue
@@ -133,6 +207,9 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                 continue
             if child.type in ("text", "text_special"):
                 builder.text(child.content)
+            elif child.type == "softbreak" and i + 1 < len(children) and children[i + 1].type in ("text", "text_special"):
+                builder.text(" " + children[i + 1].content)  # one text: a space alone after a void would not count as its own
+                i += 1
             elif child.type == "softbreak":
                 builder.text(" ")
             elif child.type.endswith("_open"):
@@ -150,6 +227,10 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                 builder.void([child], separates=child.type == "hardbreak" or (child.type == "html_inline" and
                                                                               child.content.lower().startswith("<br")))
             i += 1
+        if n and tokens[n - 1].type == "paragraph_open" and token.map and any(c.type == "softbreak" for c in children):
+            width = _wrap_width(lines[token.map[0] + first_line : token.map[1]])  # the source wrapped it: so is its translation
+            if width:
+                token.meta["qkv.wrap"] = width
         segment = builder.build(f"line {(token.map or [0])[0] + 1}")
         if segment.text.strip():
             inlines.append((len(segments), token))

@@ -187,7 +187,7 @@ def test_markdown_keeps_its_structure_code_urls_and_front_matter():
     assert "# A *RED* CAR" in out
     assert "[RIDES **A BIKE**](https://example.org/bike \"t\")" in out
     assert "![A DOG](dog.png)" in out and "`ls -l`" in out and "<https://qkv.org>" in out
-    assert "> A QUOTE" in out and "| DOG  | AN ANIMAL |" in out
+    assert "> A QUOTE" in out and "| WORD | MEANING |\n| ---- | ------- |\n| DOG | AN ANIMAL |" in out  # unpadded, as written
     assert '```python\nprint("keep")\n```' in out and "- ONE ITEM\n- TWO ITEMS" in out
 
 
@@ -787,3 +787,30 @@ def test_a_document_comes_back_with_the_line_endings_and_byte_order_mark_it_was_
 def test_a_document_of_mixed_line_endings_is_not_given_cr_lf_throughout():
     mixed = "<p>A dog runs.\r\nIt is fast.</p>\n<pre>code\nmore</pre>\n"
     assert "\r\n" not in translated(mixed, "html")
+
+
+def test_markdown_comes_back_laid_out_as_the_source_was():
+    """A wrapped paragraph is wrapped at its source's width (a line the source let run long is no rule), one
+    on one line stays on one, a hard break is no wrap; a table padded to aligned columns stays padded, one
+    that was not comes back unpadded under its own delimiter row. The structure reads back the same."""
+    wrapped = "A man in a blue shirt rides\na red bike along the beach\nwhile two dogs run beside him\nand a girl waves from a bench.\n"
+    out = translated(wrapped, "markdown")
+    assert out == "A MAN IN A BLUE SHIRT RIDES A\nRED BIKE ALONG THE BEACH\nWHILE TWO DOGS RUN BESIDE HIM\nAND A GIRL WAVES FROM A\nBENCH.\n"
+    assert read(out, "markdown").segments[0].text == read(wrapped, "markdown").segments[0].text.upper()
+    long_line = "A man rides a red bike.\nThen he rides it along the whole of the long beach past the pier.\nTwo dogs run.\nA girl waves.\n"
+    assert max(map(len, translated(long_line, "markdown").splitlines())) <= len("A man rides a red bike.")
+    assert translated("A man rides a red bike along the beach.\n", "markdown") == "A MAN RIDES A RED BIKE ALONG THE BEACH.\n"
+    assert translated("A man rides  \na bike.\n", "markdown") == "A MAN RIDES\\\nA BIKE.\n"
+    # a wrap that starts a line with a list marker, a heading's or a quote's is escaped (mdformat's wrapping)
+    out = translated("ab cd\nef\n", "markdown", change=lambda t: "Eins - zwei 1. drei # vier > fünf")
+    assert out == "Eins\n\\-\nzwei\n1\\.\ndrei\n\\#\nvier\n\\>\nfünf\n"
+    assert [s.text for s in read(out, "markdown").segments] == ["Eins - zwei 1. drei # vier > fünf"]
+    padded = "| word | meaning   |\n| ---- | --------- |\n| dog  | an animal |\n"
+    assert translated(padded, "markdown") == "| WORD | MEANING   |\n| ---- | --------- |\n| DOG  | AN ANIMAL |\n"
+    compact = "| word | meaning |\n|---|:-:|\n| dog | an animal |\n| cat | |\n"
+    assert translated(compact, "markdown") == "| WORD | MEANING |\n|---|:-:|\n| DOG | AN ANIMAL |\n| CAT | |\n"
+
+
+def test_markdown_keeps_the_space_of_a_line_break_after_code():
+    source = "- `Translator.encode(text: str) -> list[int]`\n  Subword ids of the text.\n"
+    assert translated(source, "markdown") == "- `Translator.encode(text: str) -> list[int]`\n  SUBWORD IDS OF THE TEXT.\n"
