@@ -170,6 +170,9 @@ class SegmentBuilder:
 
     def open(self, tag: Any) -> None:
         self._flush()
+        if self.last_void:  # a void before an element is spaced after where whitespace came between them
+            self.spans[self.last_void[-1]].space_after = self.space_since_void
+            self.last_void = []
         self.spans.append(Span(self.length, self.length, tag, parent=self.stack[-1] if self.stack else None,
                                space_before=self._ends_in_space or not self.parts))
         self.stack.append(len(self.spans) - 1)

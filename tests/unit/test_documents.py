@@ -814,3 +814,13 @@ def test_markdown_comes_back_laid_out_as_the_source_was():
 def test_markdown_keeps_the_space_of_a_line_break_after_code():
     source = "- `Translator.encode(text: str) -> list[int]`\n  Subword ids of the text.\n"
     assert translated(source, "markdown") == "- `Translator.encode(text: str) -> list[int]`\n  SUBWORD IDS OF THE TEXT.\n"
+
+
+@pytest.mark.parametrize("source, format, expected", [
+    ("<p>A <code>x</code> <b>big</b> dog.</p>", "html", "<p>A <code>x</code> <b>BIG</b> DOG.</p>"),
+    ("<p>A <code>x</code><b>big</b> dog.</p>", "html", "<p>A <code>x</code><b>BIG</b> DOG.</p>"),
+    ("A `code` *big* dog.\n", "markdown", "A `code` *BIG* DOG.\n"),
+    ("A `code`*big* dog.\n", "markdown", "A `code`*BIG* DOG.\n"),
+])
+def test_a_void_before_an_element_keeps_the_space_between_them(source, format, expected):
+    assert translated(source, format) == expected
