@@ -11,9 +11,9 @@ marker (``> [!NOTE]``) stay at their block's start; an image is a void whose alt
 its own. Fenced and indented code and HTML blocks are kept as they are, the front matter as the source
 wrote it (not as mdformat-frontmatter would dump its YAML again). mdformat's
 renderer writes the tokens back, so the output is the same document in mdformat's normal form (its
-emphasis markers and list markers), laid out as the source was: a paragraph the source wrapped is wrapped
-at the width of its source lines (one the source wrote on one line stays on one), and a table the source did not
-pad to aligned columns is written compact (``_Layout``).
+emphasis markers, escapes and code fences), laid out as the source was (``qkv.document.markdown_layout``:
+its paragraphs' wrapping, its tables' padding, its list markers and numbering, its headings' and thematic
+breaks' style).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import re
 
 from qkv.errors import QkvError
 from qkv.document.html import VERBATIM
+from qkv.document.markdown_layout import Layout, mark_layout, wrap_width
 from qkv.document.segments import Document, Element, SegmentBuilder, Void, plain_segment
 
 # mdformat-gfm (its tables are mdformat-tables), mdformat-footnote and mdformat-frontmatter
@@ -69,75 +70,10 @@ def _parser():
         plugin.update_mdit(md)
     extensions = md.options["parser_extension"]  # mdformat-gfm added its table plugin: its renderers take the layout
     tables = next(plugin for plugin in extensions if "table" in plugin.RENDERERS)
-    extensions[extensions.index(tables)] = _Layout(tables)
+    extensions[extensions.index(tables)] = Layout(tables)
     md.options["codeformatters"] = {}
     _refuse_deeper(md)
     return md
-
-
-class _Layout:
-    """The table plugin's renderers (the one mdformat-gfm enables), with the source's layout: a paragraph
-    whose inline token carries ``meta["qkv.wrap"]`` is wrapped at that width (mdformat's own wrapping,
-    which escapes what would start a list or a heading at a line's start), and a table whose
-    ``table_open`` carries ``meta["qkv.compact"]`` (its source delimiter row) is written unpadded with
-    that delimiter row. Each is a choice of its own block: mdformat's options hold one for a whole document."""
-
-    def __init__(self, plugin) -> None:
-        from mdformat.renderer import DEFAULT_RENDERERS
-
-        self.POSTPROCESSORS = getattr(plugin, "POSTPROCESSORS", {})
-        table, paragraph = plugin.RENDERERS["table"], DEFAULT_RENDERERS["paragraph"]
-
-        def wrapped(node, context) -> str:
-            width = node.children[0].meta.get("qkv.wrap") if node.children else None
-            return paragraph(node, _with(context, wrap=width) if width else context)
-
-        self.RENDERERS = {**plugin.RENDERERS, "paragraph": wrapped,
-                          "table": lambda node, context: _compact_table(node, context) if node.meta.get("qkv.compact") else table(node, context)}
-
-
-def _with(context, **options):
-    """``context`` with mdformat render ``options`` of its own."""
-    return context._replace(options={**context.options, "mdformat": {**context.options.get("mdformat", {}), **options}})
-
-
-def _compact_table(node, context) -> str:
-    """A table's rows as ``| a | b |``, unpadded, under the source's own delimiter row (its cells rendered
-    by the table plugin, which escapes a ``|`` in them)."""
-    rows: list[list[str]] = []
-    for descendant in node.walk(include_self=False):
-        if descendant.type == "tr":
-            rows.append([])
-        elif descendant.type in ("th", "td"):
-            rows[-1].append(descendant.render(context))
-    lines = ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|" for row in rows]
-    return "\n".join([lines[0], node.meta["qkv.compact"], *lines[1:]])
-
-
-_CONTAINER = re.compile(r"^[ \t>]*")  # a block quote's markers and a list item's indent before a table's line
-
-
-def _wrap_width(lines: list[str]) -> int | None:
-    """The width to wrap a paragraph's translation at, from the source lines it broke with a soft line break
-    (a hard break, two spaces or a backslash at a line's end, and the paragraph's last line break nothing):
-    the longest, leaving out one the source let run long (over 1.2 times their median); None if none."""
-    widths = sorted(len(line.rstrip()) for line in lines[:-1] if not line.endswith(("  ", "\\")))
-    if not widths:
-        return None
-    median = widths[len(widths) // 2]
-    return max(w for w in widths if w <= 1.2 * median)
-
-
-def _mark_tables(tokens: list, lines: list[str]) -> None:
-    """Note on each table whose source rows are not padded to one width its delimiter row (it is written
-    compact under it)."""
-    for token in tokens:
-        if token.type != "table_open" or token.map is None:
-            continue
-        source = [line.rstrip() for line in lines[token.map[0] : token.map[1]]]
-        if len(source) > 1:
-            if len({len(line) for line in source}) > 1:
-                token.meta["qkv.compact"] = _CONTAINER.sub("", source[1])
 
 
 def read_markdown(text: str, target_lang: str | None = None) -> Document:
@@ -148,7 +84,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     env: dict = {}
     tokens = md.parse(text, env)
     lines = text.split("\n")
-    _mark_tables(tokens, lines)
+    mark_layout(tokens, lines)
     # The front matter comes back as the source wrote it (mdformat-frontmatter would dump its YAML anew:
     # "{{ page.title }}", a template's, is not YAML's mapping)
     front = next((t for t in tokens if t.type == "front_matter"), None)
@@ -228,7 +164,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                                                                               child.content.lower().startswith("<br")))
             i += 1
         if n and tokens[n - 1].type == "paragraph_open" and token.map and any(c.type == "softbreak" for c in children):
-            width = _wrap_width(lines[token.map[0] + first_line : token.map[1]])  # the source wrapped it: so is its translation
+            width = wrap_width(lines[token.map[0] + first_line : token.map[1]])  # the source wrapped it: so is its translation
             if width:
                 token.meta["qkv.wrap"] = width
         segment = builder.build(f"line {(token.map or [0])[0] + 1}")

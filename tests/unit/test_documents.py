@@ -824,3 +824,23 @@ def test_markdown_keeps_the_space_of_a_line_break_after_code():
 ])
 def test_a_void_before_an_element_keeps_the_space_between_them(source, format, expected):
     assert translated(source, format) == expected
+
+
+@pytest.mark.parametrize("source", [
+    "1. one\n2. two\n3. three\n",
+    "3. one\n4. two\n",
+    "1. one\n1. two\n",
+    "1) one\n2) two\n",
+    "* one\n* two\n",
+    "+ one\n+ two\n",
+    "- one\n\n* two\n",
+    "> * one\n> * two\n",
+    "".join(f"{i}. item\n" for i in range(1, 12)),
+    "Title\n=====\n\nSub\n---\n\ntext\n",
+    "***\n\n___\n\n- - -\n",
+])
+def test_markdown_keeps_its_list_markers_numbering_headings_and_breaks(source):
+    """mdformat writes `-` for every bullet, `1.` for every item after the first, `# Title` and 70
+    underscores: a translated README differed from its source on every such line."""
+    assert translated(source, "markdown", change=lambda text: text) == source
+    assert translated(source, "markdown") == source.upper()  # the words translated, the layout kept
