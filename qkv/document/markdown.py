@@ -83,7 +83,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     md = _parser()
     env: dict = {}
     tokens = md.parse(text, env)
-    lines = text.split("\n")
+    lines = re.split(r"\r\n|\r|\n", text)  # as markdown-it counts them: a lone CR ends a line too
     mark_layout(tokens, lines)
     # The front matter comes back as the source wrote it (mdformat-frontmatter would dump its YAML anew:
     # "{{ page.title }}", a template's, is not YAML's mapping)
@@ -163,7 +163,8 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
                 builder.void([child], separates=child.type == "hardbreak" or (child.type == "html_inline" and
                                                                               child.content.lower().startswith("<br")))
             i += 1
-        if n and tokens[n - 1].type == "paragraph_open" and token.map and any(c.type == "softbreak" for c in children):
+        if n and tokens[n - 1].type == "paragraph_open" and token.map and id(token) not in leads \
+                and any(c.type == "softbreak" for c in children):  # a task's box or an alert's marker: not wrapped
             width = wrap_width(lines[token.map[0] + first_line : token.map[1]])  # the source wrapped it: so is its translation
             if width:
                 token.meta["qkv.wrap"] = width

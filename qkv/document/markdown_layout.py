@@ -22,18 +22,23 @@ from __future__ import annotations
 import re
 
 _CONTAINER = re.compile(r"^[ \t>]*")  # a block quote's markers and a list item's indent before a block's line
-_ZERO_PADDED = re.compile(r"0+(?=\d)")  # mdformat's consecutive numbering pads "01." in a list of ten or more
+_ZERO_PADDED = re.compile(r"^0+(?=\d)")  # mdformat's consecutive numbering pads "01." in a list of ten or more
+_BREAK = re.compile(r"([-*_])(?:[ \t]*\1){2,}[ \t]*$")  # a thematic break at a line's end (after a list item's marker)
+_SETEXT = None  # a CommonMark parser that checks a Setext heading reads back as one (``_setext``)
 
 
 def wrap_width(lines: list[str]) -> int | None:
     """The width to wrap a paragraph's translation at, from the source lines it broke with a soft line break
     (a hard break, two spaces or a backslash at a line's end, and the paragraph's last line break nothing):
-    the longest, leaving out one the source let run long (over 1.2 times their median); None if none."""
+    the longest, leaving out one the source let run long (over 1.2 times their median). None if none, or
+    if its last line runs longer than that: the source broke a line where it meant to ("Usage:"), not
+    where a width made it."""
     widths = sorted(len(line.rstrip()) for line in lines[:-1] if not line.endswith(("  ", "\\")))
     if not widths:
         return None
     median = widths[len(widths) // 2]
-    return max(w for w in widths if w <= 1.2 * median)
+    width = max(w for w in widths if w <= 1.2 * median)
+    return None if len(lines[-1].rstrip()) > 1.2 * width else width
 
 
 def mark_layout(tokens: list, lines: list[str]) -> None:
@@ -47,8 +52,8 @@ def mark_layout(tokens: list, lines: list[str]) -> None:
         source = [line.rstrip() for line in lines[token.map[0] : token.map[1]]]
         if token.type == "table_open" and len(source) > 1 and len({len(line) for line in source}) > 1:
             token.meta["qkv.compact"] = _CONTAINER.sub("", source[1])
-        elif token.type == "hr" and source:
-            token.meta["qkv.line"] = _CONTAINER.sub("", source[0]).strip()
+        elif token.type == "hr" and source and (found := _BREAK.search(source[0])):
+            token.meta["qkv.line"] = found.group().strip()
         elif token.type == "ordered_list_open":
             items = []
             for t in tokens[i + 1 :]:
@@ -75,19 +80,20 @@ class Layout:
             return default["paragraph"](node, _with(context, wrap=width) if width else context)
 
         def bullet_list(node, context) -> str:
-            return _markers(default["bullet_list"](node, context), node.markup)
+            text = default["bullet_list"](node, context)
+            return text if _beside_another(node) else _markers(text, node.markup)
 
         def ordered_list(node, context) -> str:
             if node.meta.get("qkv.consecutive"):
                 context = _with(context, number=True)
-            return _markers(default["ordered_list"](node, context), node.markup, numbered=True)
+            text = default["ordered_list"](node, context)
+            return _markers(text, None if _beside_another(node) else node.markup, numbered=True)
 
         def heading(node, context) -> str:
             text = default["heading"](node, context)
             if node.markup not in ("=", "-"):  # an ATX heading
                 return text
-            text = text.split(" ", 1)[1]  # mdformat wrote it "# Title": a Setext heading is its text, underlined
-            return text + "\n" + node.markup * max(3, len(text))
+            return _setext(text, node.markup)
 
         def hr(node, context) -> str:
             return node.meta.get("qkv.line") or default["hr"](node, context)
@@ -104,10 +110,17 @@ def _with(context, **options):
     return context._replace(options={**context.options, "mdformat": {**context.options.get("mdformat", {}), **options}})
 
 
-def _markers(text: str, markup: str, numbered: bool = False) -> str:
+def _beside_another(node) -> bool:
+    """Whether a list has a list of its kind right before or after it in the output (the source parted them
+    with something mdformat moves away, a link reference definition): mdformat's own markers then alternate
+    to keep them apart, and the source's would join them."""
+    return any(other is not None and other.type == node.type for other in (node.previous_sibling, node.next_sibling))
+
+
+def _markers(text: str, markup: str | None, numbered: bool = False) -> str:
     """A rendered list with its items' markers as the source wrote them: ``markup`` (a bullet, or an ordered
-    list's delimiter), numbers without zero padding. An item's first line is the only one that does not start
-    with its list's indent."""
+    list's delimiter; None: mdformat's), numbers without zero padding. An item's first line is the only one
+    that does not start with its list's indent."""
     lines = text.split("\n")
     for n, line in enumerate(lines):
         if not line or line[0] == " ":
@@ -115,10 +128,28 @@ def _markers(text: str, markup: str, numbered: bool = False) -> str:
         if numbered:
             line = _ZERO_PADDED.sub("", line, count=1)
             digits = len(line) - len(line.lstrip("0123456789"))
-            lines[n] = line[:digits] + markup + line[digits + 1 :]
-        else:
+            lines[n] = line if markup is None else line[:digits] + markup + line[digits + 1 :]
+        elif markup is not None:
             lines[n] = markup + line[1:]
     return "\n".join(lines)
+
+
+def _setext(atx: str, markup: str) -> str:
+    """A heading mdformat wrote as ``atx`` ("# Title"), written as its source's Setext heading (the text over
+    a line of ``markup``) where that reads back as the same heading; else as mdformat wrote it. The text was
+    escaped for an ATX heading, where "- foo", "> foo" or "1. foo" is safe and at a line's start is not."""
+    global _SETEXT
+    from markdown_it import MarkdownIt
+
+    text = atx.split(" ", 1)[1] if " " in atx else ""
+    setext = text + "\n" + markup * max(3, len(text))
+    if _SETEXT is None:
+        _SETEXT = MarkdownIt("commonmark")
+    tokens = _SETEXT.parse(setext)
+    level = "h1" if markup == "=" else "h2"
+    same = (text.strip() and len(tokens) == 3 and tokens[0].type == "heading_open" and tokens[0].tag == level
+            and tokens[1].content == _SETEXT.parse(atx)[1].content)
+    return setext if same else atx
 
 
 def _compact_table(node, context) -> str:
