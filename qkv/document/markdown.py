@@ -89,8 +89,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
     # "{{ page.title }}", a template's, is not YAML's mapping)
     front = next((t for t in tokens if t.type == "front_matter"), None)
     if front is not None:
-        head = text.replace("\r\n", "\n").replace("\r", "\n").split("\n", front.map[1])  # lines as markdown-it counts them
-        front_text = "\n".join(head[front.map[0] : front.map[1]]) + "\n"
+        front_text = "\n".join(lines[front.map[0] : front.map[1]]) + "\n"
         tokens = [t for t in tokens if t is not front]
     segments, inlines, alts, leads = [], [], [], {}  # leads: what stays first in its block
     for n, token in enumerate(tokens):
@@ -98,7 +97,6 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             continue
         builder = SegmentBuilder()
         children = token.children
-        first_line = 0  # of the block's source lines, the first its text is on
         if children[0].type == "html_inline" and "task-list-item-checkbox" in children[0].content:
             leads[id(token)] = [children[0]]  # a task's box: put back first, where mdformat-gfm's renderer reads it
             children = children[1:]
@@ -109,7 +107,6 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             if not rest and children and children[0].type == "softbreak":  # "> [!NOTE]" on a line of its own
                 lead.append(children[0])
                 children = children[1:]
-                first_line = 1
             leads[id(token)] = lead
             if not children:
                 continue
@@ -165,7 +162,7 @@ def read_markdown(text: str, target_lang: str | None = None) -> Document:
             i += 1
         if n and tokens[n - 1].type == "paragraph_open" and token.map and id(token) not in leads \
                 and any(c.type == "softbreak" for c in children):  # a task's box or an alert's marker: not wrapped
-            width = wrap_width(lines[token.map[0] + first_line : token.map[1]])  # the source wrapped it: so is its translation
+            width = wrap_width(lines[token.map[0] : token.map[1]])  # the source wrapped it: so is its translation
             if width:
                 token.meta["qkv.wrap"] = width
         segment = builder.build(f"line {(token.map or [0])[0] + 1}")
