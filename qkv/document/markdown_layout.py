@@ -49,10 +49,11 @@ def mark_layout(tokens: list, lines: list[str]) -> None:
     for i, token in enumerate(tokens):
         if token.map is None:
             continue
-        source = [line.rstrip() for line in lines[token.map[0] : token.map[1]]]
-        if token.type == "table_open" and len(source) > 1 and len({len(line) for line in source}) > 1:
-            token.meta["qkv.compact"] = _CONTAINER.sub("", source[1])
-        elif token.type == "hr" and source and (found := _BREAK.search(source[0])):
+        if token.type == "table_open":  # only the blocks it concerns read their source lines: a list or a quote may hold them all
+            source = [line.rstrip() for line in lines[token.map[0] : token.map[1]]]
+            if len(source) > 1 and len({len(line) for line in source}) > 1:
+                token.meta["qkv.compact"] = _CONTAINER.sub("", source[1])
+        elif token.type == "hr" and (found := _BREAK.search(lines[token.map[0]])):
             token.meta["qkv.line"] = found.group().strip()
         elif token.type == "ordered_list_open":
             items = []
