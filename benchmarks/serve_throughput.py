@@ -16,7 +16,9 @@ For each repeat and engine, two cells, each in its own process, one after the ot
   wrk, ``benchmarks.load_test``'s asyncio clients.
 
 The ratio of the two is the server's throughput as a share of its engine's batched. Each cell records
-the load average before it; nothing else should run.
+the load average before it; nothing else should run. An engine written ``qkv:batches`` is qkv's with
+``qkv serve --batching batches`` (qkv's own default is the continuous search): its server cell beside
+the default's, in the same repeats.
 """
 
 from __future__ import annotations
@@ -125,15 +127,20 @@ def server_cell(checkpoint: str, engine: str, texts: list[str], beam: int, *, cl
         after = stats()
     batches = after["batches"] - before["batches"]
     result["mean_batch"] = (after["sentences"] - before["sentences"]) / batches if batches else 0.0
+    steps = after.get("steps", 0) - before.get("steps", 0)  # the continuous search's
+    decoded = after.get("mean_step_sentences", 0) * after.get("steps", 0) - before.get("mean_step_sentences", 0) * before.get("steps", 0)
+    result["mean_step_sentences"] = decoded / steps if steps else 0.0
     return result
 
 
 def _child(kind: str, args: argparse.Namespace, engine: str) -> dict:
     """One cell in its own process: this module again, with --cell."""
+    engine, _, batching = engine.partition(":")
+    server_args = args.server_args + (f" --batching {batching}" if batching else "")
     command = [sys.executable, "-m", "benchmarks.serve_throughput", "--cell", kind, "--engines", engine,
                "--checkpoint", args.checkpoint, "--data-dir", str(args.data_dir), "--split", args.split, "--src", args.src,
                "--beam", str(args.beam), "--clients", str(args.clients), "--seconds", str(args.seconds),
-               "--client", args.client, "--server-args", args.server_args]
+               "--client", args.client, "--server-args", server_args]
     out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if out.returncode:
         raise SystemExit(f"the {kind} cell ({engine}) failed:\n{out.stderr[-3000:]}")
@@ -174,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[engine][kind].append(cell)
                 print(f"repeat {repeat + 1} {engine:>11} {kind:>7}: {cell['sentences_per_second']:.1f} sentences/s"
                       + (f", p50 {cell['p50_ms']:.0f} ms, p99 {cell['p99_ms']:.0f} ms, mean batch {cell['mean_batch']:.1f}, "
+                         f"mean step {cell['mean_step_sentences']:.1f}, "
                          f"errors {cell['errors']}" if kind == "server" else "") + f" (load {load:.2f})", flush=True)
     summary = {}
     for engine, cells in runs.items():

@@ -47,6 +47,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--searches", type=int, default=None, metavar="N",
                    help="batches searched at once, each in its own thread (default: on the CPU, 2 where there are 2 or more "
                         "threads, qkv's search then running each on half of them; on a GPU, 1)")
+    p.add_argument("--batching", choices=["continuous", "batches"], default="continuous",
+                   help="on qkv's engine, how beam searches without a glossary are grouped: continuous (the default: a "
+                        "sentence joins the running search at its next step and leaves when done) or batches, as other "
+                        "requests are (docs/serving.md)")
     p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
                    help=f"as qkv translate's: a sentence whose output loops is searched again with no repeated N-gram of "
                         f"tokens; 0: off, the exact search (default {LOOP_GUARD}, chosen on val: docs/robustness.md)")
@@ -59,7 +63,7 @@ def serve_command(args: argparse.Namespace) -> int:
     device = device_of(args)
     serve(
         args.checkpoint, host=args.host, port=args.port, log_level=args.log_level, device=device,
-        dtype=decoding_dtype(args, device), loop_guard=args.loop_guard, engine=args.engine, searches=args.searches,
+        dtype=decoding_dtype(args, device), loop_guard=args.loop_guard, engine=args.engine, searches=args.searches, batching=args.batching,
         graceful_timeout=args.graceful_timeout, **{name: getattr(args, name) for name in DEFAULT_LIMITS},
     )
     return 0

@@ -418,7 +418,7 @@ def beam_search(
         scores, last = new_scores, new_token.view(-1, 1)
 
         best_live = new_scores[:, 0].tolist()  # (b,) -inf where a sentence has no live beam
-        done = [r for r, s in enumerate(alive) if final_step[r] or not _can_improve(finished[s], best_live[r], limits[s], config)]
+        done = [r for r, s in enumerate(alive) if final_step[r] or not can_improve(finished[s], best_live[r], limits[s], config)]
         if done:
             keep = [r for r in range(b) if r not in set(done)]
             if not keep:
@@ -435,7 +435,7 @@ def beam_search(
     return [hyps[: config.n_best] for hyps in finished]
 
 
-def _can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: DecodeConfig) -> bool:
+def can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: DecodeConfig) -> bool:
     """Whether a live beam of total log-probability ``live_score`` could still enter a sentence's
     ``n_best`` finished hypotheses (``hyps``, best first): its score can only fall, and its
     normaliser is at most ``length_penalty(limit)``."""

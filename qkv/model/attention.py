@@ -51,6 +51,11 @@ class KVCache:
     def empty(self) -> bool:
         return self._buffers is None
 
+    @property
+    def allocated(self) -> int:
+        """Positions the buffers hold before they grow (0 while empty)."""
+        return 0 if self._buffers is None else self._buffers[0].size(2)
+
     def store(self, k: Tensor, v: Tensor) -> None:
         """Hold ``k`` (N, H, n, d_k) and ``v`` (N, H, n, d_v) as they are (cross-attention's memory)."""
         self._buffers, self._spare, self.rows, self.length = (k, v), None, k.size(0), k.size(2)
@@ -70,6 +75,24 @@ class KVCache:
             buffer[: self.rows, :, self.length : end] = x
         self.length = end
         return self.k, self.v
+
+    def join(self, n: int) -> None:
+        """Add ``n`` rows after the cached ones, zero at every filled position: the rows of sentences
+        that join a running search (``qkv.infer.continuous``), which mask those positions out."""
+        if self.empty or n == 0:
+            return
+        grown = tuple(x.new_zeros(self.rows + n, *x.shape[1:]) for x in self._buffers)  # the capacity kept
+        for new, old in zip(grown, (self.k, self.v)):
+            new[: self.rows, :, : self.length] = old
+        self._buffers, self._spare, self.rows = grown, None, self.rows + n
+
+    def trim(self, n: int) -> None:
+        """Drop the first ``n`` filled positions of every row (positions no row attends to any more)."""
+        if self.empty or n == 0:
+            return
+        for buffer, kept in zip(self._buffers, (self.k[:, :, n:].clone(), self.v[:, :, n:].clone())):
+            buffer[: self.rows, :, : self.length - n] = kept
+        self.length -= n
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (in that order) of the cached keys and values."""

@@ -84,13 +84,40 @@ def decode_step(model: nn.Module, tgt: Tensor, memory: Tensor, src_mask: Tensor,
 def _step(model: nn.Module, tgt: Tensor, memory: Tensor, src_mask: Tensor, state: Any) -> Tensor:
     x = model._embed(model.tgt_embed, tgt, state.position)  # (R, 1, D)
     bias = torch.zeros(src_mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~src_mask, float("-inf"))
-    bias = bias[:, None, None, :]  # (B, 1, 1, S), added to (B, H, G, S) scores
-    for layer, cache in zip(model.decoder_layers, state.layers):
-        x = _residual(layer.self_sublayer, x, lambda h: _self_attention(layer.self_attn, h, cache["self"]))
+    x = _layers(model, x, memory, bias[:, None, None, :], state.layers)  # bias (B, 1, 1, S), added to (B, H, G, S) scores
+    state.position += 1
+    return x
+
+
+def ragged_step(model: nn.Module, tgt: Tensor, positions: Tensor, memory_bias: Tensor, self_bias: Tensor,
+                layers: list[dict[str, KVCache]]) -> Tensor:
+    """The step of a search whose rows are at different positions (``qkv.infer.continuous``: sentences
+    join it as others finish). tgt: (R, 1) the newest token of each row; positions: (R,) its position
+    in its own output; memory_bias: (B, 1, 1, S) 0 / -inf over the source positions, with R = B x G;
+    self_bias: (R, 1, 1, T) 0 / -inf over the self-attention caches' T positions once this step's are
+    appended (-inf before a row's first); ``layers``: each layer's caches, the cross-attention ones
+    already stored (``cross_keys_values``). Returns the decoder's output (R, 1, D)."""
+    x = model.tgt_embed(tgt) * model.embed_scale + model.positions.table[positions][:, None]  # _embed, row by row
+    return _layers(model, x, None, memory_bias, layers, self_bias)
+
+
+def _layers(model: nn.Module, x: Tensor, memory: Tensor | None, bias: Tensor, layers: list[dict[str, KVCache]],
+            self_bias: Tensor | None = None) -> Tensor:
+    for layer, cache in zip(model.decoder_layers, layers):
+        x = _residual(layer.self_sublayer, x, lambda h: _self_attention(layer.self_attn, h, cache["self"], self_bias))
         x = _residual(layer.cross_sublayer, x, lambda h: _cross_attention(layer.cross_attn, h, memory, bias, cache["cross"]))
         x = _residual(layer.ff_sublayer, x, layer.feed_forward)
-    state.position += 1
     return model.decoder_norm(x)
+
+
+def cross_keys_values(att: MultiHeadAttention, memory: Tensor) -> tuple[Tensor, Tensor]:
+    """The keys and values of ``memory`` (B, S, D) for the cross-attention ``att``: (B, H, S, d) each,
+    contiguous (viewed by ``_cross_attention``), projected once per sentence."""
+    H, dk, dv = att.n_heads, att.d_k, att.d_v
+    Hk = H * dk
+    w, b = att.in_proj.weight[Hk:], None if att.in_proj.bias is None else att.in_proj.bias[Hk:]
+    k, v = linear(memory, w, b).split([Hk, H * dv], dim=-1)
+    return att._split_heads(k, dk).contiguous(), att._split_heads(v, dv).contiguous()
 
 
 def _residual(sublayer: nn.Module, x: Tensor, fn) -> Tensor:
@@ -100,13 +127,15 @@ def _residual(sublayer: nn.Module, x: Tensor, fn) -> Tensor:
     return sublayer.norm(x + fn(x))
 
 
-def _self_attention(att: MultiHeadAttention, h: Tensor, cache: KVCache) -> Tensor:
+def _self_attention(att: MultiHeadAttention, h: Tensor, cache: KVCache, bias: Tensor | None = None) -> Tensor:
     R, H, dk, dv = h.size(0), att.n_heads, att.d_k, att.d_v
     q, k, v = att.in_proj(h).split([H * dk, H * dk, H * dv], dim=-1)  # (R, 1, H*d) each
     k, v = cache.append(k.view(R, 1, H, dk).transpose(1, 2), v.view(R, 1, H, dv).transpose(1, 2))  # (R, H, T, d)
     T = k.size(2)
     q = q.reshape(R * H, 1, dk)
     scores = torch.bmm(q, k.reshape(R * H, T, dk).transpose(1, 2)) / math.sqrt(dk)  # (R*H, 1, T)
+    if bias is not None:  # (R, 1, 1, T): a ragged step's rows start at different positions
+        scores = (scores.view(R, H, 1, T) + bias).view(R * H, 1, T)
     out = torch.bmm(scores.softmax(dim=-1), v.reshape(R * H, T, dv))  # (R*H, 1, dv)
     return att.out_proj(out.view(R, 1, H * dv))
 
@@ -114,10 +143,8 @@ def _self_attention(att: MultiHeadAttention, h: Tensor, cache: KVCache) -> Tenso
 def _cross_attention(att: MultiHeadAttention, h: Tensor, memory: Tensor, bias: Tensor, cache: KVCache) -> Tensor:
     R, H, dk, dv = h.size(0), att.n_heads, att.d_k, att.d_v
     Hk = H * dk
-    if cache.empty:  # the memory's keys and values, projected once per batch (contiguous: viewed below)
-        w, b = att.in_proj.weight[Hk:], None if att.in_proj.bias is None else att.in_proj.bias[Hk:]
-        k, v = linear(memory, w, b).split([Hk, H * dv], dim=-1)
-        cache.store(att._split_heads(k, dk).contiguous(), att._split_heads(v, dv).contiguous())
+    if cache.empty:  # the memory's keys and values, projected once per batch
+        cache.store(*cross_keys_values(att, memory))
     k, v = cache.k, cache.v  # (B, H, S, d)
     B, S = k.size(0), k.size(2)
     G = R // B

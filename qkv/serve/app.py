@@ -175,6 +175,7 @@ def model_info(loaded: checkpoint.Checkpoint) -> dict[str, Any]:
 
 
 ENGINES = ("qkv", "ctranslate2")
+BATCHING = ("continuous", "batches")  # qkv serve --batching: how qkv's engine groups beam searches (create_app)
 
 
 def _ct2_translators(loaded: checkpoint.Checkpoint):
@@ -257,7 +258,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def create_app(
     checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    loop_guard: int = 0, engine: str = "qkv", searches: int = 1, **overrides: Any
+    loop_guard: int = 0, engine: str = "qkv", searches: int = 1, batching: str = "continuous", **overrides: Any
 ) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
@@ -266,9 +267,13 @@ def create_app(
     ``qkv serve`` passes its ``--loop-guard``, 2 unless told). ``engine`` "ctranslate2": CTranslate2 searches
     (``qkv.interop.ct2_engine``: the checkpoint's export, made once into qkv's cache and checked on the
     first batch), for beam search and greedy search only. ``searches``: batches searched at once, each in
-    its own model thread (``qkv.serve.batcher``; ``serve`` chooses it for the machine)."""
+    its own model thread (``qkv.serve.batcher``; ``serve`` chooses it for the machine). ``batching``
+    "continuous": on qkv's engine, beam searches without a glossary are searched in lanes that
+    sentences join and leave at every step (``qkv.serve.lanes``); "batches": every request in batches."""
     if engine not in ENGINES:
         raise QkvError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
+    if batching not in BATCHING:
+        raise QkvError(f"unknown batching {batching!r}: one of {', '.join(BATCHING)}")
     if engine == "ctranslate2" and (dtype != torch.float32 or torch.device(device).type != "cpu"):
         raise QkvError("--engine ctranslate2 runs on the CPU in float32: not with --bf16 or --device cuda")
     unknown = set(overrides) - set(DEFAULT_LIMITS)
@@ -294,6 +299,7 @@ def create_app(
         max_batch_tokens=limits["max_batch_tokens"], max_batch_work=limits["max_request_work"],
         max_wait_ms=limits["max_wait_ms"], max_queue=limits["max_queue"], max_queue_work=limits["max_queue_work"],
         calibration=calibration_of(loaded.path), loop_guard=loop_guard, searches=searches,
+        continuous=engine == "qkv" and batching == "continuous",
         **checkpoint.decode_defaults(loaded.config),
     )
     src_lang = info["src_lang"] or "en"  # whose rules cut a text into sentences (unknown: English's)
@@ -502,6 +508,7 @@ def serve(
     loop_guard: int = 0,
     engine: str = "qkv",
     searches: int | None = None,
+    batching: str = "continuous",
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout
@@ -516,7 +523,8 @@ def serve(
         raise QkvError(f"--searches must be at least 1, got {searches}")
     if engine == "qkv" and torch.device(device).type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // searches))
-    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, engine=engine, searches=searches, **limits)
+    app = create_app(checkpoint_dir, device=device, dtype=dtype, loop_guard=loop_guard, engine=engine, searches=searches,
+                     batching=batching, **limits)
     if torch.device(device).type == "cpu":
         tune_allocator()  # the server process's choice: decoding frees and allocates every step (qkv.model.cpu)
     sock = listen(host, port)

@@ -26,6 +26,11 @@ only the answer (how many of the n best, attention) is applied to each request's
 
 A request whose client went away (or timed out) is dropped from the queue, and a batch nobody waits
 for any more stops at its next decoding step (a hook on the model's output layer checks between steps).
+
+With ``continuous`` (``qkv serve``'s default on qkv's engine), the requests a beam search answers
+without a glossary skip the batches: each goes at once to one of ``searches`` lanes, model threads
+whose searches sentences join and leave at every step (``qkv.serve.lanes``), the lane with the
+fewest sentences; the queue's limits count them all the same.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from torch import Tensor
 from qkv.data.sentences import AS_IS, Line, TextOptions
 from qkv.infer.terms import CONSTRAINED_BEAM, constraint_forms, translate_with_glossary
 from qkv.inspect.terms import alignment_substitution, place
+from qkv.infer.continuous import supports
 from qkv.infer.search import DecodeConfig, Hypothesis, length_penalty, max_output_length
 from qkv.model.transformer import Transformer
 from qkv.infer.score import target_log_probs
@@ -56,6 +62,7 @@ from qkv.infer.translator import Translator, collate_sources, joined_nbest
 from qkv.inspect.contributions import contributions
 from qkv.inspect.trust import assess_lines
 
+from qkv.serve.lanes import Lane
 from qkv.serve.work import (
     ATTENTION_WEIGHTS_PER_UNIT, CONTRIBUTION_ELEMENTS_PER_UNIT, CONTRIBUTION_TEXT_WORK, GLOSSARY_CHARS_PER_UNIT,
     GLOSSARY_ENTRY_WORK, GLOSSARY_MATCHES_PER_UNIT, SOURCE_TOKEN_WORK, Settings, Work,
@@ -101,9 +108,13 @@ class Stats:
     cancelled: int = 0  # the client went away before its answer
     timed_out: int = 0  # answered 504 after --request-timeout
     failed: int = 0  # answered 500 (the error is in the server log)
-    aborted_batches: int = 0  # stopped before the end because nobody waited for them
+    aborted_batches: int = 0  # stopped before the end because nobody waited for them (a continuous search: a request's sentences)
     batches: int = 0
-    sentences: int = 0
+    sentences: int = 0  # texts answered
+    continuous_requests: int = 0  # of them, answered by a continuous search (``qkv.serve.lanes``)
+    steps: int = 0  # steps of the continuous searches
+    step_sentences: int = 0  # sentences those steps decoded, summed
+    step_sizes: Counter = field(default_factory=Counter)  # sentences a continuous step decoded -> how many steps
     batch_requests: int = 0
     batch_sizes: Counter = field(default_factory=Counter)  # sentences per batch -> how many batches
 
@@ -117,6 +128,10 @@ class Stats:
             "aborted_batches": self.aborted_batches,
             "batches": self.batches,
             "sentences": self.sentences,
+            "continuous_requests": self.continuous_requests,
+            "steps": self.steps,
+            "mean_step_sentences": self.step_sentences / self.steps if self.steps else 0.0,
+            "step_sizes": {str(k): v for k, v in sorted(self.step_sizes.items())},
             "mean_batch_size": self.sentences / self.batches if self.batches else 0.0,
             "mean_batch_requests": self.batch_requests / self.batches if self.batches else 0.0,
             "batch_sizes": {str(k): v for k, v in sorted(self.batch_sizes.items())},
@@ -143,6 +158,7 @@ class Batcher:
         search_model: Transformer | None = None,
         make_translator: Callable[..., Translator] | None = None,
         searches: int = 1,
+        continuous: bool = False,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer  # the float32 model: confidence and attention read it
         self.search_model = search_model or model  # what searches and scores (a bfloat16 copy with --bf16)
@@ -170,8 +186,17 @@ class Batcher:
         self._running: set[asyncio.Task] = set()  # the batches handed to model threads, until answered
         self._decoding: dict[int, list[Job]] = {}  # model thread's ident -> the jobs it works on now
         self._stop_all = False  # set at shutdown, once nobody can be waiting any more
+        if continuous and make_translator is not None:
+            raise ValueError("a continuous search is qkv's own: not with another engine's translators")
+        self.continuous = continuous
+        self.lanes: list[Lane] = []  # started with the worker (start), when continuous
         # The output layer runs once per decoding step: the place to notice that nobody waits.
         self._hook = self.search_model.generator.register_forward_pre_hook(self._stop_if_abandoned)  # removed by close()
+
+    @property
+    def stopping(self) -> bool:
+        """Set at shutdown: nobody waits for what is left in a search."""
+        return self._stop_all
 
     def _stop_if_abandoned(self, module: Any, args: Any) -> None:
         jobs = self._decoding.get(threading.get_ident())
@@ -260,6 +285,10 @@ class Batcher:
         # The queue is made here, inside the server's event loop.
         self._queue = asyncio.Queue()
         self._task = asyncio.create_task(self._run(), name="qkv-batcher")
+        if self.continuous:
+            loop = asyncio.get_running_loop()
+            self.lanes = [Lane(self, loop, f"qkv-lane-{i}", self.max_batch_sentences, self.max_batch_work)
+                          for i in range(self.searches)]
 
     async def close(self) -> None:
         """Stop the worker. The server calls this after its graceful period: every request has been
@@ -269,6 +298,8 @@ class Batcher:
         if self._task is not None:
             await self._queue.put(None)
             await self._task
+        for lane in self.lanes:
+            await asyncio.get_running_loop().run_in_executor(None, lane.close)
         self._executor.shutdown(wait=True)
         self._hook.remove()  # the model is the caller's again, as it was
 
@@ -294,9 +325,46 @@ class Batcher:
         self._admit(work)
         job = Job(texts, src_ids, settings, work, asyncio.get_running_loop().create_future(), lines=lines, text=text)
         job.future.add_done_callback(lambda _: self._release(job))
-        self._queue.put_nowait(job)
+        config = self.continuous_config(settings)
+        if config is not None:
+            min(self.lanes, key=lambda lane: lane.sentences).put(job, config)
+        else:
+            self._queue.put_nowait(job)
         self.stats.requests += 1
         return job
+
+    def continuous_config(self, settings: Settings) -> DecodeConfig | None:
+        """The search config a lane runs for ``settings``, or None where the batches search it: not
+        continuous, a glossary, or what ``qkv.infer.continuous.supports`` does not (greedy, sampling)."""
+        if not self.lanes or settings.glossary is not None:
+            return None
+        config = replace(settings.decode_config(n_best=settings.n_best or 1), length_penalty=self.length_penalty,
+                         loop_guard=self.loop_guard)
+        return config if supports(self.search_model, config) else None
+
+    # What a lane's thread asks of the event loop (call_soon_threadsafe): a request's end.
+
+    def deliver(self, job: Job, body: bytes, texts: int) -> None:
+        self.stats.sentences += texts
+        self.stats.continuous_requests += 1
+        if not job.future.done():
+            job.future.set_result(body)
+
+    def fail(self, job: Job) -> None:
+        self.stats.failed += 1
+        if not job.future.done():
+            job.future.set_exception(RuntimeError("translation failed"))
+
+    def count_stopped(self) -> None:
+        self.stats.aborted_batches += 1
+
+    def shut_out(self, job: Job) -> None:
+        if not job.future.done():
+            job.future.set_exception(Busy("the server is shutting down"))
+
+    async def retry_alone(self, job: Job) -> None:
+        """Translate ``job`` in a batch of its own (a lane's search failed)."""
+        await self._translate(job.settings.search(), [job])
 
     def _release(self, job: Job) -> None:
         self.pending_requests -= 1
@@ -431,16 +499,16 @@ class Batcher:
                                                   align=alignment_substitution(self.model, self.tokenizer))
                 place(self.model, self.tokenizer, results)
                 hyps = [[Hypothesis(s.tokens, math.nan, math.nan)] for r in results for s in r.sentences]
-                out.append(self._answer(job, hyps, config, terms=[r.terms() for r in results]))
+                out.append(self.answer(job, hyps, config, terms=[r.terms() for r in results]))
             return out
         hyps = translator.translate_ids([ids for job in jobs for ids in job.src_ids])
         out, start = [], 0
         for job in jobs:
             mine, start = hyps[start : start + len(job.src_ids)], start + len(job.src_ids)
-            out.append(self._answer(job, mine, config) if not job.abandoned else b"")
+            out.append(self.answer(job, mine, config) if not job.abandoned else b"")
         return out
 
-    def _answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
+    def answer(self, job: Job, hyps: list[list[Hypothesis]], config: DecodeConfig, terms: list | None = None) -> bytes:
         """One request's JSON body from the hypotheses of the sentences it searched, best first (and with a
         glossary, ``terms``: each text's terms, ``GlossaryTranslation.terms``). Each text's translation is
         its sentences' joined back (``job.lines``: split, recased; never with max_length); its confidence

@@ -49,6 +49,12 @@ def _slow(self, *args):
     time.sleep({SLOW_S})
     return _translate_group(self, *args)
 server.Batcher.translate_group = _slow
+import qkv.infer.continuous as continuous
+_add = continuous.ContinuousBeamSearch.add
+def _slow_add(self, *args):
+    time.sleep({SLOW_S})
+    return _add(self, *args)
+continuous.ContinuousBeamSearch.add = _slow_add
 """
 
 # A server whose model never emits EOS, so every search runs to its maximum length: the worst case
@@ -323,9 +329,10 @@ def test_clients_that_disconnect_do_not_disturb_others(server):
     assert "Traceback" not in new_log and "ERROR" not in new_log, new_log
 
 
-def test_sigterm_lets_in_flight_requests_finish(model_dir, tmp_path):
+@pytest.mark.parametrize("batching", ["continuous", "batches"])
+def test_sigterm_lets_in_flight_requests_finish(model_dir, tmp_path, batching):
     log = tmp_path / "server.log"
-    server = load_test.ServerProcess(model_dir, "--log-level", "info", log_path=log, prelude=SLOW_PRELUDE).start()
+    server = load_test.ServerProcess(model_dir, "--log-level", "info", "--batching", batching, log_path=log, prelude=SLOW_PRELUDE).start()
     results: dict[int, tuple[float, httpx.Response]] = {}
 
     def call(beam: int) -> None:  # different beams: two batches, the second waits for the first
@@ -608,7 +615,8 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     expected = expected_translations(loaded, texts, beam_size=2)
     # A long --max-wait-ms: the five requests below arrive together and share one batch.
     # one search at a time: with two, the five would be parted between two batches as they arrive
-    args = ("--max-wait-ms", "500", "--searches", "1", "--log-level", "info", "--loop-guard", "0")  # the exact search, as expected_translations
+    # in batches: the continuous search answers beam searches without them (the test below)
+    args = ("--max-wait-ms", "500", "--searches", "1", "--log-level", "info", "--loop-guard", "0", "--batching", "batches")  # the exact search, as expected_translations
     with load_test.ServerProcess(model_dir, *args, log_path=log, prelude=POISON_PRELUDE) as server:
 
         async def clients():
@@ -625,6 +633,58 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     assert stats["failed"] == 1 and stats["batch_sizes"].get("1") == 4, stats  # retried one at a time
     text = log.read_text()
     assert "secret internal detail" in text and "Traceback" in text  # the developer sees it, the client not
+
+
+LANE_PRELUDE = """
+import qkv.serve.app as server
+import qkv.infer.continuous as continuous
+_answer, _step = server.Batcher.answer, continuous.ContinuousBeamSearch.step
+def _poisoned(self, job, *args, **kwargs):
+    if any("POISON" in text for text in job.texts):
+        raise ValueError("secret internal detail: cannot translate POISON")
+    return _answer(self, job, *args, **kwargs)
+server.Batcher.answer = _poisoned
+failures = {failures}
+def _failing(self):
+    global failures
+    if failures:
+        failures -= 1
+        raise RuntimeError("a search that fails")
+    return _step(self)
+continuous.ContinuousBeamSearch.step = _failing
+"""
+
+
+@pytest.mark.parametrize("search_fails", [False, True], ids=["answer-fails", "search-fails-first"])
+def test_a_failing_request_in_the_continuous_search_fails_alone(model_dir, loaded, tmp_path, search_fails):
+    # The continuous search (the default) answers beam searches: a request whose answer fails fails alone while the
+    # others' sentences go on; a search that fails hands its requests to the batches, one a batch.
+    log = tmp_path / "server.log"
+    texts = DATES[:4]
+    expected = expected_translations(loaded, texts, beam_size=2)
+    prelude = LANE_PRELUDE.format(failures=int(search_fails))
+    with load_test.ServerProcess(model_dir, "--searches", "1", "--log-level", "info", "--loop-guard", "0",
+                                 log_path=log, prelude=prelude) as server:
+
+        async def clients():
+            async with httpx.AsyncClient(timeout=60) as client:
+                bodies = [{"texts": [t], "beam_size": 2} for t in texts] + [{"texts": ["POISON 2017"], "beam_size": 2}]
+                return await asyncio.gather(*[client.post(f"{server.url}/v1/translate", json=b) for b in bodies])
+
+        *innocent, culprit = asyncio.run(clients())
+        stats = httpx.get(f"{server.url}/v1/stats").json()
+    assert [r.status_code for r in innocent] == [200] * 4, [r.text for r in innocent]
+    assert [r.json()["translations"][0] for r in innocent] == expected
+    assert culprit.status_code == 500
+    assert culprit.json() == {"detail": "translation failed; the server's log has the details"}
+    assert stats["failed"] == 1, stats
+    # every request answered once: by the continuous search, or (those in the search that failed) in batches of one
+    assert stats["continuous_requests"] + stats["batches"] + stats["failed"] == 5, stats
+    if search_fails:
+        assert stats["batches"] >= 1 and set(stats["batch_sizes"]) == {"1"} and "a continuous search of" in log.read_text(), stats
+    else:
+        assert stats["continuous_requests"] == 4 and stats["batches"] == 0 and stats["steps"] > 0, stats
+    assert "secret internal detail" in log.read_text()
 
 
 def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
@@ -728,7 +788,8 @@ BIG = {"texts": [DATES[0]], "beam_size": 10, "max_length": 20}
 def test_a_full_queue_counts_work_not_requests(model_dir):
     # Room for one request of the largest size: a second one, however small, waits no more.
     units = units_asked(model_dir, BIG)
-    app = create_app(model_dir, max_request_work=units, max_queue_work=units, max_queue=100, max_wait_ms=0)
+    # in batches, whose model thread the test slows (the queue's rule is the same for the continuous search)
+    app = create_app(model_dir, max_request_work=units, max_queue_work=units, max_queue=100, max_wait_ms=0, batching="batches")
     batcher = app.state.batcher
     translate_group = batcher.translate_group
     batcher.translate_group = lambda *args: (time.sleep(0.5), translate_group(*args))[1]
@@ -748,12 +809,14 @@ def test_a_full_queue_counts_work_not_requests(model_dir):
     assert f"{units} units of work" in small.json()["detail"], small.json()
 
 
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
 @pytest.mark.parametrize("twice, batches", [(False, 2), (True, 1)])
-def test_a_batch_holds_at_most_max_request_work(model_dir, twice, batches):
-    # Two requests of beam 10 x max_length 20, sent together: one batch if the limit allows twice their work.
+def test_a_batch_holds_at_most_max_request_work(model_dir, twice, batches, batching):
+    # Two requests of beam 10 x max_length 20, sent together: one batch if the limit allows twice their work;
+    # in the continuous search, searched side by side only then.
     units = units_asked(model_dir, BIG)
     max_work = 2 * units if twice else 2 * units - 1
-    app = create_app(model_dir, max_request_work=max_work, max_queue_work=1000, max_wait_ms=300)
+    app = create_app(model_dir, max_request_work=max_work, max_queue_work=1000, max_wait_ms=300, batching=batching)
 
     async def scenario():
         async with app.router.lifespan_context(app):
@@ -764,7 +827,10 @@ def test_a_batch_holds_at_most_max_request_work(model_dir, twice, batches):
 
     responses, stats = asyncio.run(scenario())
     assert [r.status_code for r in responses] == [200, 200]
-    assert stats["batches"] == batches, stats
+    if batching == "batches":
+        assert stats["batches"] == batches, stats
+    else:  # the most sentences a step decoded: one request's, or both
+        assert stats["continuous_requests"] == 2 and max(map(int, stats["step_sizes"])) == len(BIG["texts"]) * (3 - batches), stats
 
 
 PAGE_DOM = """

@@ -127,14 +127,18 @@ MIXED = [
 ]
 
 
-def test_requests_with_different_settings_batched_together_get_what_they_get_alone(random_checkpoint):
-    alone = answers(random_checkpoint, MIXED)
-    responses, stats = exchange(random_checkpoint, MIXED, together=True, max_wait_ms=500)
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
+def test_requests_with_different_settings_batched_together_get_what_they_get_alone(random_checkpoint, batching):
+    alone = answers(random_checkpoint, MIXED, batching="batches")
+    responses, stats = exchange(random_checkpoint, MIXED, together=True, max_wait_ms=500, batching=batching)
     assert [r.status_code for r in responses] == [200] * len(MIXED)
     assert [r.json() for r in responses] == alone
-    # They were collected together and split by search settings: the three beam-3 requests of the
-    # same length limit share one batch, each other request has its own.
-    assert stats["batches"] == len(MIXED) - 2, stats
+    if batching == "batches":
+        # They were collected together and split by search settings: the three beam-3 requests of the
+        # same length limit share one batch, each other request has its own.
+        assert stats["batches"] == len(MIXED) - 2, stats
+    else:  # the four beam searches in the continuous search (two of its searches: two length limits), the rest in batches
+        assert stats["continuous_requests"] == 4 and stats["batches"] == len(MIXED) - 4, stats
     assert len({a["translations"][1] for a in alone}) >= 6, "the settings must change the outputs for this test to mean much"
 
 
