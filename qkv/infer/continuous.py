@@ -78,7 +78,7 @@ class ContinuousBeamSearch:
         self.scores = torch.empty(0, self.K, device=device)  # (b, K) total log-probability of each beam
         self.history = torch.empty(0, self.K, 0, dtype=torch.long, device=device)  # (b, K, T) tokens, at their inputs' positions
         self.last = torch.empty(0, 1, dtype=torch.long, device=device)  # (R, 1) each row's newest token
-        self.memory_bias = torch.empty(0, 1, 1, 0, device=device)  # (b, 1, 1, S)
+        self.memory_bias = torch.empty(0, 1, 1, 0, dtype=model.tgt_embed.weight.dtype, device=device)  # (b, 1, 1, S), the model's dtype
 
     def __len__(self) -> int:
         return len(self.sentences)

@@ -94,9 +94,11 @@ def test_the_server_searches_in_bf16_and_judges_with_the_float32_model(random_ch
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://qkv", timeout=60) as client:
-                return (await client.post("/v1/translate", json={"texts": texts, "confidence": True})).json()
+                body = (await client.post("/v1/translate", json={"texts": texts, "confidence": True})).json()
+                return body, (await client.get("/v1/stats")).json()
 
-    body = asyncio.run(ask())
+    body, stats = asyncio.run(ask())
+    assert stats["continuous_requests"] == 1 and stats["batches"] == 0, stats  # the continuous search ran in bf16
     loaded = checkpoint.load(random_checkpoint)
     defaults = checkpoint.decode_defaults(loaded.config)
     half = Translator(checkpoint.load(random_checkpoint).model.to(torch.bfloat16), loaded.tokenizer, DecodeConfig(**defaults))
