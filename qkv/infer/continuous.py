@@ -101,11 +101,7 @@ class ContinuousBeamSearch:
         S = max(S_new, self.memory_bias.size(-1))
         self.memory_bias = torch.cat([_pad(self.memory_bias, S, float("-inf")), _pad(bias[:, None, None, :], S, float("-inf"))])
         for layer, cache in zip(model.decoder_layers, self.layers):
-            k, v = cross_keys_values(layer.cross_attn, memory)  # (n, H, S_new, d)
-            if not cache["cross"].empty:
-                k, v = torch.cat([_pad(cache["cross"].k, S, 0.0, dim=2), _pad(k, S, 0.0, dim=2)]), \
-                       torch.cat([_pad(cache["cross"].v, S, 0.0, dim=2), _pad(v, S, 0.0, dim=2)])
-            cache["cross"].store(k, v)
+            cache["cross"].join_memory(*cross_keys_values(layer.cross_attn, memory))  # (n, H, S_new, d) each
             cache["self"].join(n * K)
         first = torch.full((n, K), float("-inf"), device=device)
         first[:, 0] = 0.0  # only the first row of a new sentence extends at its first step
@@ -213,11 +209,9 @@ class ContinuousBeamSearch:
         self.__init__(self.model, bos_id=self.bos_id, eos_id=self.eos_id, config=self.config, suppress=tuple(self.suppress))
 
 
-def _pad(x: Tensor, size: int, value: float, dim: int = -1) -> Tensor:
-    """``x`` padded with ``value`` along ``dim`` to ``size``."""
-    missing = size - x.size(dim)
+def _pad(x: Tensor, size: int, value: float) -> Tensor:
+    """``x`` padded with ``value`` along its last dimension to ``size``."""
+    missing = size - x.size(-1)
     if missing <= 0:
         return x
-    shape = list(x.shape)
-    shape[dim] = missing
-    return torch.cat([x, x.new_full(shape, value)], dim=dim)
+    return torch.cat([x, x.new_full((*x.shape[:-1], missing), value)], dim=-1)

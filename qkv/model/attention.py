@@ -78,13 +78,40 @@ class KVCache:
 
     def join(self, n: int) -> None:
         """Add ``n`` rows after the cached ones, zero at every filled position: the rows of sentences
-        that join a running search (``qkv.infer.continuous``), which mask those positions out."""
+        that join a running search (``qkv.infer.continuous``), which mask those positions out. The
+        buffers grow to twice the rows when full, so that most joins copy nothing."""
         if self.empty or n == 0:
             return
-        grown = tuple(x.new_zeros(self.rows + n, *x.shape[1:]) for x in self._buffers)  # the capacity kept
-        for new, old in zip(grown, (self.k, self.v)):
-            new[: self.rows, :, : self.length] = old
-        self._buffers, self._spare, self.rows = grown, None, self.rows + n
+        rows = self.rows + n
+        if rows > self._buffers[0].size(0):
+            grown = tuple(x.new_empty(2 * rows, *x.shape[1:]) for x in self._buffers)
+            for new, old in zip(grown, (self.k, self.v)):
+                new[: self.rows, :, : self.length] = old
+            self._buffers, self._spare = grown, None
+        for buffer in self._buffers:
+            buffer[self.rows : rows, :, : self.length] = 0
+        self.rows = rows
+
+    def join_memory(self, k: Tensor, v: Tensor) -> None:
+        """Add the memory keys (n, H, S', d_k) and values (n, H, S', d_v) of ``n`` rows after the stored
+        ones (cross-attention in a continuous search): the length becomes the longest row's, every row
+        zero past its own. Rows grow as ``join``'s; the positions stay exactly the length, so that the
+        rows' view stays contiguous (``qkv.model.incremental`` views it)."""
+        if self.empty:
+            self.store(k, v)
+            return
+        n, S = k.size(0), max(self.length, k.size(2))
+        rows = self.rows + n
+        if rows > self._buffers[0].size(0) or S > self.length:
+            grown = tuple(x.new_zeros(x.size(0) if rows <= x.size(0) else 2 * rows, x.size(1), S, x.size(3))
+                          for x in self._buffers)
+            for new, old in zip(grown, (self.k, self.v)):
+                new[: self.rows, :, : self.length] = old
+            self._buffers, self._spare = grown, None
+        for buffer, x in zip(self._buffers, (k, v)):
+            buffer[self.rows : rows, :, : x.size(2)] = x
+            buffer[self.rows : rows, :, x.size(2) :] = 0
+        self.rows, self.length = rows, S
 
     def trim(self, n: int) -> None:
         """Drop the first ``n`` filled positions of every row (positions no row attends to any more)."""
