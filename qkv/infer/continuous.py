@@ -52,6 +52,7 @@ def supports(model: Any, config: DecodeConfig) -> bool:
 class _Sentence:
     key: Any  # the caller's, returned with the sentence's hypotheses
     start: int  # the cache position of its first input (BOS)
+    source: int  # its source tokens, EOS included
     limit: int  # output tokens at most
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most K
 
@@ -110,7 +111,7 @@ class ContinuousBeamSearch:
         self.last = torch.cat([self.last, torch.full((n * K, 1), self.bos_id, dtype=torch.long, device=device)])
         for ids, key in zip(sources, keys):
             limit = max_output_length(model, len(ids) + 1, self.config)  # its tokens and EOS, as the batched search counts
-            self.sentences.append(_Sentence(key, self.length, limit))
+            self.sentences.append(_Sentence(key, self.length, len(ids) + 1, limit))
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, list[Hypothesis]]]:
@@ -187,8 +188,11 @@ class ContinuousBeamSearch:
             self.last = self.last.view(b, K)[groups].view(-1, 1)
             self.memory_bias = self.memory_bias[groups]
             source_rows = source_rows.view(b, K)[groups].view(-1)
+            S = max(s.source for s in self.sentences)  # the longest source left: the memory's positions past it go
+            self.memory_bias = self.memory_bias[:, :, :, :S]
             for cache in self.layers:
                 cache["cross"].reorder(groups)
+                cache["cross"].shorten(S)
         for cache in self.layers:
             cache["self"].reorder(source_rows)
 

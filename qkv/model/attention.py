@@ -113,6 +113,13 @@ class KVCache:
             buffer[self.rows : rows, :, x.size(2) :] = 0
         self.rows, self.length = rows, S
 
+    def shorten(self, length: int) -> None:
+        """Keep the first ``length`` positions of every row, contiguous (the memory once the longest source has left)."""
+        if self.empty or length >= self.length:
+            return
+        self._buffers = tuple(x[:, :, :length].contiguous() for x in self._buffers)
+        self._spare, self.length = None, length
+
     def trim(self, n: int) -> None:
         """Drop the first ``n`` filled positions of every row (positions no row attends to any more)."""
         if self.empty or n == 0:
