@@ -47,10 +47,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--searches", type=int, default=None, metavar="N",
                    help="batches searched at once, each in its own thread (default: on the CPU, 2 where there are 2 or more "
                         "threads, qkv's search then running each on half of them; on a GPU, 1)")
-    p.add_argument("--batching", choices=["continuous", "batches"], default="continuous",
-                   help="on qkv's engine, how beam searches without a glossary are grouped: continuous (the default: a "
-                        "sentence joins the running search at its next step and leaves when done) or batches, as other "
-                        "requests are (docs/serving.md)")
+    p.add_argument("--batching", choices=["batches", "continuous"], default="batches",
+                   help="on qkv's engine, how beam searches without a glossary are grouped: batches (the default), or "
+                        "continuous: a sentence joins the running search at its next step and leaves when done (no "
+                        "faster on 2 CPU cores: docs/serving.md)")
     p.add_argument("--loop-guard", type=int, default=LOOP_GUARD, metavar="N",
                    help=f"as qkv translate's: a sentence whose output loops is searched again with no repeated N-gram of "
                         f"tokens; 0: off, the exact search (default {LOOP_GUARD}, chosen on val: docs/robustness.md)")

@@ -258,7 +258,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def create_app(
     checkpoint_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-    loop_guard: int = 0, engine: str = "qkv", searches: int = 1, batching: str = "continuous", **overrides: Any
+    loop_guard: int = 0, engine: str = "qkv", searches: int = 1, batching: str = "batches", **overrides: Any
 ) -> FastAPI:
     """Load the checkpoint onto ``device`` (errors surface here, before any port is bound) and build
     the app. ``overrides`` replace entries of ``DEFAULT_LIMITS``. With ``dtype`` bfloat16 the searches
@@ -269,7 +269,8 @@ def create_app(
     first batch), for beam search and greedy search only. ``searches``: batches searched at once, each in
     its own model thread (``qkv.serve.batcher``; ``serve`` chooses it for the machine). ``batching``
     "continuous": on qkv's engine, beam searches without a glossary are searched in lanes that
-    sentences join and leave at every step (``qkv.serve.lanes``); "batches": every request in batches."""
+    sentences join and leave at every step (``qkv.serve.lanes``); "batches" (the default): every request in
+    batches (on 2 CPU cores the continuous search was no faster: docs/serving.md)."""
     if engine not in ENGINES:
         raise QkvError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
     if batching not in BATCHING:
@@ -508,7 +509,7 @@ def serve(
     loop_guard: int = 0,
     engine: str = "qkv",
     searches: int | None = None,
-    batching: str = "continuous",
+    batching: str = "batches",
     **limits: Any,
 ) -> None:
     """Run the app with uvicorn until SIGINT/SIGTERM. Requests in flight get up to graceful_timeout

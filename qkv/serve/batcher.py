@@ -27,7 +27,7 @@ only the answer (how many of the n best, attention) is applied to each request's
 A request whose client went away (or timed out) is dropped from the queue, and a batch nobody waits
 for any more stops at its next decoding step (a hook on the model's output layer checks between steps).
 
-With ``continuous`` (``qkv serve``'s default on qkv's engine), the requests a beam search answers
+With ``continuous`` (``qkv serve --batching continuous``, qkv's engine), the requests a beam search answers
 without a glossary skip the batches: each goes at once to one of ``searches`` lanes, model threads
 whose searches sentences join and leave at every step (``qkv.serve.lanes``), the lane with the
 fewest sentences; the queue's limits count them all the same.

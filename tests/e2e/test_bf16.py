@@ -75,7 +75,8 @@ def test_translate_evaluate_and_score_with_bf16_through_the_command_line(random_
 
 
 @native
-def test_the_server_searches_in_bf16_and_judges_with_the_float32_model(random_checkpoint):
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
+def test_the_server_searches_in_bf16_and_judges_with_the_float32_model(random_checkpoint, batching):
     """create_app(dtype=bfloat16): the translations are a bfloat16 Translator's; the confidence is read
     from the float32 model, as `qkv score --confidence` reads it."""
     import asyncio
@@ -88,7 +89,7 @@ def test_the_server_searches_in_bf16_and_judges_with_the_float32_model(random_ch
     from qkv.serve.app import create_app
 
     texts = ["A dog runs.", "Two children play with a red ball."]
-    app = create_app(random_checkpoint, dtype=torch.bfloat16)
+    app = create_app(random_checkpoint, dtype=torch.bfloat16, batching=batching)
 
     async def ask():
         async with app.router.lifespan_context(app):
@@ -98,7 +99,7 @@ def test_the_server_searches_in_bf16_and_judges_with_the_float32_model(random_ch
                 return body, (await client.get("/v1/stats")).json()
 
     body, stats = asyncio.run(ask())
-    assert stats["continuous_requests"] == 1 and stats["batches"] == 0, stats  # the continuous search ran in bf16
+    assert stats["continuous_requests"] == (batching == "continuous") and stats["batches"] == (batching == "batches"), stats
     loaded = checkpoint.load(random_checkpoint)
     defaults = checkpoint.decode_defaults(loaded.config)
     half = Translator(checkpoint.load(random_checkpoint).model.to(torch.bfloat16), loaded.tokenizer, DecodeConfig(**defaults))

@@ -615,8 +615,7 @@ def test_a_failing_text_fails_only_its_own_request(model_dir, loaded, tmp_path):
     expected = expected_translations(loaded, texts, beam_size=2)
     # A long --max-wait-ms: the five requests below arrive together and share one batch.
     # one search at a time: with two, the five would be parted between two batches as they arrive
-    # in batches: the continuous search answers beam searches without them (the test below)
-    args = ("--max-wait-ms", "500", "--searches", "1", "--log-level", "info", "--loop-guard", "0", "--batching", "batches")  # the exact search, as expected_translations
+    args = ("--max-wait-ms", "500", "--searches", "1", "--log-level", "info", "--loop-guard", "0")  # the exact search, as expected_translations
     with load_test.ServerProcess(model_dir, *args, log_path=log, prelude=POISON_PRELUDE) as server:
 
         async def clients():
@@ -657,14 +656,14 @@ continuous.ContinuousBeamSearch.step = _failing
 
 @pytest.mark.parametrize("search_fails", [False, True], ids=["answer-fails", "search-fails-first"])
 def test_a_failing_request_in_the_continuous_search_fails_alone(model_dir, loaded, tmp_path, search_fails):
-    # The continuous search (the default) answers beam searches: a request whose answer fails fails alone while the
+    # The continuous search (--batching continuous) answers beam searches: a request whose answer fails fails alone while the
     # others' sentences go on; a search that fails hands its requests to the batches, one a batch.
     log = tmp_path / "server.log"
     texts = DATES[:4]
     expected = expected_translations(loaded, texts, beam_size=2)
     prelude = LANE_PRELUDE.format(failures=int(search_fails))
     with load_test.ServerProcess(model_dir, "--searches", "1", "--log-level", "info", "--loop-guard", "0",
-                                 log_path=log, prelude=prelude) as server:
+                                 "--batching", "continuous", log_path=log, prelude=prelude) as server:
 
         async def clients():
             async with httpx.AsyncClient(timeout=60) as client:
@@ -687,9 +686,10 @@ def test_a_failing_request_in_the_continuous_search_fails_alone(model_dir, loade
     assert "secret internal detail" in log.read_text()
 
 
-def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
+def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path, batching):
     prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # 620 steps: over 12 s of work per request below
-    args = ("--request-timeout", "2", "--log-level", "info")
+    args = ("--request-timeout", "2", "--log-level", "info", "--batching", batching)
     long_request = {"texts": [DATES[0]] * 2, "beam_size": 16, "max_length": 620}  # within the 20,000 units, sources included
 
     def wait_for(server, key: str, value: int) -> dict:
@@ -721,10 +721,11 @@ def test_timeout_and_disconnect_stop_the_work(model_dir, tmp_path):
         assert post(server, {"texts": [DATES[1]], "beam_size": 1, "max_length": 5}).status_code == 200
 
 
-def test_sigterm_respects_graceful_timeout(model_dir, tmp_path):
+@pytest.mark.parametrize("batching", ["batches", "continuous"])
+def test_sigterm_respects_graceful_timeout(model_dir, tmp_path, batching):
     prelude = NEVER_STOP_PRELUDE.format(step_s=0.02)  # a request of over 12 s
     graceful = 2.0
-    args = ("--graceful-timeout", str(graceful), "--log-level", "info")
+    args = ("--graceful-timeout", str(graceful), "--log-level", "info", "--batching", batching)
     server = load_test.ServerProcess(model_dir, *args, log_path=tmp_path / "server.log", prelude=prelude).start()
     try:
         outcome: list = []
