@@ -40,6 +40,7 @@ from qkv.infer.search import (
 )
 from qkv.model.attention import KVCache
 from qkv.model.incremental import cross_keys_values, ragged_step
+from qkv.infer.translator import collate_sources
 from qkv.model.transformer import Transformer
 
 
@@ -99,9 +100,7 @@ class ContinuousBeamSearch:
             raise ValueError("an empty source is not searched (its translation is empty)")
         model, K, device = self.model, self.K, self.model.device
         n, S_new = len(sources), max(len(ids) for ids in sources) + 1
-        src = torch.full((n, S_new), model.config.pad_id, dtype=torch.long, device=device)
-        for i, ids in enumerate(sources):
-            src[i, : len(ids) + 1] = torch.tensor(ids + [self.eos_id])
+        src = collate_sources(sources, pad_id=model.config.pad_id, eos_id=self.eos_id).to(device)  # (n, S_new)
         memory, src_mask, _ = model.encode(src)  # (n, S_new, D), (n, S_new)
         bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=device).masked_fill_(~src_mask, float("-inf"))
         S = max(S_new, self.memory_bias.size(-1))
@@ -130,9 +129,9 @@ class ContinuousBeamSearch:
         T = self.length + 1  # the positions once this step's are appended
         row_starts = starts.repeat_interleave(K)  # (R,)
         positions = self.length - row_starts  # (R,) each row's position in its own output
-        self_bias = torch.zeros(b * K, T, device=device).masked_fill_(torch.arange(T, device=device) < row_starts[:, None],
-                                                                      float("-inf"))[:, None, None, :]  # (R, 1, 1, T)
-        hidden = ragged_step(model, self.last, positions, self.memory_bias, self_bias.to(self.memory_bias.dtype), self.layers)
+        self_bias = torch.zeros(b * K, T, dtype=self.memory_bias.dtype, device=device).masked_fill_(
+            torch.arange(T, device=device) < row_starts[:, None], float("-inf"))[:, None, None, :]  # (R, 1, 1, T), the model's dtype
+        hidden = ragged_step(model, self.last, positions, self.memory_bias, self_bias, self.layers)
         self.length = T
         log_probs = model.generator(hidden)[:, -1].float().log_softmax(dim=-1).view(b, K, -1)  # (b, K, V)
         if self.suppress:

@@ -446,6 +446,11 @@ def can_improve(hyps: list[Hypothesis], live_score: float, limit: int, config: D
     return live_score / length_penalty(limit, config.length_penalty) > hyps[config.n_best - 1].score
 
 
+def loop_retry(config: DecodeConfig) -> DecodeConfig:
+    """How the loop guard searches a sentence whose output loops again: no repeated n-gram of its size."""
+    return replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
+
+
 def search(
     model: SearchModel, src: Tensor, *, bos_id: int, eos_id: int, config: DecodeConfig, seeds: list[int] | None = None,
     suppress: tuple[int, ...] = (), vocab: list[Tensor] | None = None, numbers: NumberPieces | None = None,
@@ -465,7 +470,7 @@ def search(
              if loops(hyps[0].tokens, max_output_length(model, lengths[i], config), numbers=numbers, source=sources[i])]
     if not again:
         return found
-    retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
+    retry = loop_retry(config)
     rows = torch.tensor(again, device=src.device)
     redone = _search_once(
         model, src[rows], bos_id=bos_id, eos_id=eos_id, config=retry, suppress=suppress,

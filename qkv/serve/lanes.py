@@ -24,12 +24,12 @@ import logging
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.infer.continuous import ContinuousBeamSearch
 from qkv.infer.loop_guard import loops, number_pieces
-from qkv.infer.search import DecodeConfig, Hypothesis, beam_search, max_output_length
+from qkv.infer.search import DecodeConfig, Hypothesis, beam_search, loop_retry, max_output_length
 from qkv.infer.translator import collate_sources, suppressed_tokens
 
 # The batcher is a qkv.serve.batcher.Batcher and a job its Job; that module imports this one, so their
@@ -169,8 +169,7 @@ class Lane:
             return hyps
         tok = self.batcher.tokenizer
         src = collate_sources([ids], pad_id=tok.pad_id, eos_id=tok.eos_id).to(self.batcher.search_model.device)
-        retry = replace(config, no_repeat_ngram_size=config.loop_guard, loop_guard=0)
-        return beam_search(self.batcher.search_model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=retry,
+        return beam_search(self.batcher.search_model, src, bos_id=tok.bos_id, eos_id=tok.eos_id, config=loop_retry(config),
                            suppress=self._suppress)[0]
 
     def _answer(self, request: _Request) -> None:
