@@ -16,7 +16,7 @@ position where it joined (its first token, BOS), and a bias of -inf hides the po
 its own position (``qkv.model.incremental.ragged_step``). A joining sentence's K rows all start at
 BOS with the scores (0, -inf, ...), so only the first extends at its first step, as the batched
 search decodes BOS once. The cross-attention caches hold each sentence's source keys and values,
-padded to the longest source searched (-inf past a sentence's own). Positions no sentence reads any
+padded to the longest source in the search (-inf past a sentence's own; shortened when it leaves). Positions no sentence reads any
 more are dropped from the front of the caches when they would otherwise grow.
 
 What it saves is the steps a batch takes with few rows left. On 2 CPU cores a step's cost grows
