@@ -150,6 +150,11 @@ def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, cali
         "correct_flagged": [sum(bool(t.flags) for t in correct), len(correct)],
         "omissions_flagged_omission": [sum("omission" in t.flags for t in omissions), len(omissions)],
         "correct_flagged_omission": [sum("omission" in t.flags for t in correct), len(correct)]}
+    halluc = [t for t, lab in zip(trusts, labels) if lab in hallucination]
+    result["natural"]["by_flag"] = {  # each flag: the hallucinations it flags, those only it flags, the correct lines
+        flag: {"hallucinations": sum(flag in t.flags for t in halluc), "only_it": sum(t.flags == [flag] for t in halluc),
+               "correct": sum(flag in t.flags for t in correct), "omissions": sum(flag in t.flags for t in omissions)}
+        for flag in FLAG_OF}
     result["natural"]["omission_vs_not_hallucinated"] = {  # ROC AUC, omissions against the lines neither omitted nor hallucinated
         name: round(roc_auc([t.features[name] for t in omissions], [t.features[name] for t in rest]), 4)
         for name in ("omission", "shortness", "unused", "uncovered")}
@@ -178,6 +183,7 @@ def test_part(result: dict, model, tok, read, calibration: dict, translations: s
     result["test_flagged"] = sum(bool(t.flags) for t in test_trusts)
     acceptable = [t for t, c in zip(test_trusts, chrf) if c >= 50]
     result["test_acceptable_flagged"] = [sum(bool(t.flags) for t in acceptable), len(acceptable)]
+    result["test_acceptable_flagged_by_flag"] = {flag: sum(flag in t.flags for t in acceptable) for flag in FLAG_OF}
     # Made-up pathologies of the test references (report only): the references ranked over each, and flagged
     made = synthetic_pairs(test_src, test_ref)
     kinds = [k for k, _, _ in made]

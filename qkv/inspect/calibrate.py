@@ -34,11 +34,12 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
 - the omission score (``qkv.inspect.trust.omission_score``): its reference, ``QUANTILES`` quantiles of
   ``uncovered`` (source words the alignment head leaves uncovered) and of minus ``eos_logprob`` over
   the model's own validation translations (``omission_table``).
-- the flags: ``synthetic_pairs`` turns (source, reference) pairs into six kinds of (source, target) pairs
+- the flags: ``synthetic_pairs`` turns (source, reference) pairs into seven kinds of (source, target) pairs
   whose label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
   reference), ``partly-detached`` (the reference's second half replaced by the second half of
   another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
-  itself) and ``omission`` (the reference's second half dropped); ``repetition`` and ``recurrence`` both
+  itself), ``omission`` (the reference's second half dropped) and ``addition`` (another reference's
+  second half added to the reference: what the ``addition`` flag names); ``repetition`` and ``recurrence`` both
   name the looped kind. Each flag's threshold is the lowest
   cut that trips on at most ``MAX_FALSE_ALARMS`` of the model's own acceptable translations and at most
   ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either; a flag that
@@ -63,7 +64,7 @@ from qkv.inspect.trust import (
     CAP_FACTOR, CAPPED, FLAG_FEATURE, FLAGS, LOGPROB_ONLY, Trust, confidence_of, flags_of, omission_score, spearman,
 )
 
-KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission")
+KINDS = ("correct", "detached", "partly-detached", "oscillation", "copy", "omission", "addition")
 # Acceptable: sentence chrF at least this against the reference. Chosen on Multi30k val with the En->De
 # model of docs/trust.md: translations below it miss or garble a content word or more (read there).
 ACCEPTABLE = 50.0
@@ -74,14 +75,14 @@ FOLDS = 5
 MIN_CLASS = 10  # acceptable and unacceptable translations each needed to fit the confidence
 JOIN_EVERY = 8  # every 8th validation pair is also joined with the next into one line
 MAX_FALSE_ALARMS = 0.01  # a flag trips on at most this share of the model's own acceptable validation translations
-MAX_FALSE_REFERENCES = 0.005  # and of the validation references (six flags: at most 3% of them in all)
+MAX_FALSE_REFERENCES = 0.005  # and of the validation references (seven flags: at most 3.5% of them in all)
 MIN_CAUGHT = 0.5  # a flag that catches less than this share of its made-up kind at that threshold never flags
 QUANTILES = 201  # the omission score's reference: this many quantiles of each of its two features
 # Each flag: the made-up kind it names, and the single feature it thresholds (sign: +1 flags high values).
 # ``repetition`` (back to back) and ``recurrence`` (anywhere) both name the looped references.
 FLAG_OF = {flag: (kind, FLAG_FEATURE[flag][0], -1 if FLAG_FEATURE[flag][1] else +1) for flag, kind in (
     ("detached", "detached"), ("partly-detached", "partly-detached"), ("repetition", "oscillation"),
-    ("recurrence", "oscillation"), ("copy", "copy"), ("omission", "omission"))}
+    ("recurrence", "oscillation"), ("copy", "copy"), ("omission", "omission"), ("addition", "addition"))}
 
 
 def synthetic_pairs(sources: list[str], references: list[str], *, seed: int = 1) -> list[tuple[str, str, str]]:
@@ -106,6 +107,7 @@ def synthetic_pairs(sources: list[str], references: list[str], *, seed: int = 1)
             ("oscillation", src, " ".join(words[: start + n] + loop * 4)),
             ("copy", src, src),
             ("omission", src, " ".join(words[:half])),
+            ("addition", src, " ".join(words + other_words[len(other_words) // 2 :])),
         ]
     return out
 

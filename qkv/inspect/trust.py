@@ -21,6 +21,8 @@ those and the two texts, per sentence (``FEATURES``):
 - ``shortness``: how much shorter the translation is than its source's expected length, max(0,
   a + b log(source words + 1) - log(translation words + 1)), with a and b fitted on the validation
   references (the calibration's ``length``; without one a = 0, b = 1): an omission signal;
+- ``longness``: its mirror, how much longer the translation is than that expected length (a fragment
+  translated as a whole sentence, an invented clause added): the ``addition`` flag's;
 - ``attention_entropy``: the last layer's cross-attention entropy over log S;
 - ``loops``: ``repeats`` beyond ``LOOP_FREE`` (0 for fewer);
 - ``eos_logprob``: the log-probability of ending where the translation ends: of the end of sentence,
@@ -63,9 +65,13 @@ from qkv.inspect.visualize import group_words
 from qkv.model.transformer import Transformer
 
 FEATURES = ("logprob_mean", "logprob_min", "logprob_std", "source_mean", "source_min", "unused", "repeats", "copy",
-            "length_ratio", "shortness", "attention_entropy", "loops", "eos_logprob", "uncovered", "omission", "recurrence")
-FLAGS = ("detached", "partly-detached", "repetition", "recurrence", "copy", "omission")
-OLDER_FLAGS = ("detached", "partly-detached", "repetition", "copy", "omission")  # a calibration before ``recurrence``
+            "length_ratio", "shortness", "attention_entropy", "loops", "eos_logprob", "uncovered", "omission", "recurrence",
+            "longness")
+FLAGS = ("detached", "partly-detached", "repetition", "recurrence", "copy", "omission", "addition")
+# Flags added after calibrations were written: a calibration may lack any of them, and then never raises it
+# (``recurrence`` since 2026-12-06, ``addition`` since 2026-12-07) until ``qkv calibrate --force`` fits a cut.
+LATER_FLAGS = ("recurrence", "addition")
+OLDER_FLAGS = tuple(f for f in FLAGS if f not in LATER_FLAGS)  # what every calibration of versions 2 and 3 has
 USED = 0.5  # a source word is used by a target token that gives it half the uniform share or more
 WORD_SOURCE, WORD_PROB = 0.25, 0.05  # a target word is marked below these source share or probability
 LOGPROB_FLOOR = -100.0  # a token the model rules out (-inf) counts as e^-100, so every feature stays finite
@@ -82,7 +88,7 @@ CAPPED = ("repetition", "detached", "copy")  # the flags that may cap (a calibra
 LOGPROB_ONLY: dict = {
     "version": 2, "kind": "logprob", "features": [], "mean": [], "std": [], "weights": [], "bias": 0.0,
     "thresholds": {"detached": None, "partly-detached": None, "repetition": 4.0, "recurrence": None, "copy": 0.9,
-                   "omission": None},
+                   "omission": None, "addition": None},
     "fitted_on": "nothing: no confidence.json of its own (the confidence is exp(logprob_mean); run qkv calibrate)",
 }
 LOGPROB_NOTICE = ("note: {path}'s calibration (confidence.json) is log-probability only (its validation translations "
@@ -126,7 +132,8 @@ def load_calibration(path: str | Path | None) -> dict:
     check_calibration(data, str(path))
     if data.get("version", 2) < 3:  # its omission threshold was on ``unused``, not on the omission score
         data["thresholds"]["omission"] = None
-    data["thresholds"].setdefault("recurrence", None)  # fitted before the flag was: it never flags
+    for flag in LATER_FLAGS:
+        data["thresholds"].setdefault(flag, None)  # fitted before the flag was: it never flags
     return data
 
 
@@ -155,7 +162,7 @@ def check_calibration(data: object, name: str) -> None:
               and all(isinstance(data.get(k), list) and len(data[k]) == len(features) and all(map(finite, data[k]))
                       for k in ("mean", "std", "weights"))
               and all(x > 0 for x in data["std"]) and finite(data.get("bias"))
-              and isinstance(data.get("thresholds"), dict) and set(data["thresholds"]) in (set(FLAGS), set(OLDER_FLAGS))
+              and isinstance(data.get("thresholds"), dict) and set(OLDER_FLAGS) <= set(data["thresholds"]) <= set(FLAGS)
               and all(v is None or finite(v) for v in data["thresholds"].values())
               and (data.get("capping") is None or isinstance(data["capping"], list) and set(data["capping"]) <= set(CAPPED))
               and (data.get("length") is None or isinstance(data["length"], list) and len(data["length"]) == 2
@@ -238,11 +245,12 @@ def expected_length(source_words: int, length: list[float] | None) -> float:
 # Each flag's feature, and whether it flags below (True) or at and above (False) its threshold.
 FLAG_FEATURE = {"detached": ("source_mean", True), "partly-detached": ("source_min", True),
                 "repetition": ("repeats", False), "recurrence": ("recurrence", False), "copy": ("copy", False),
-                "omission": ("omission", False)}
+                "omission": ("omission", False), "addition": ("longness", False)}
 _SAYS = {"source_mean": "the source's mean share of the predictions", "source_min": "the source's share over its weakest three tokens",
          "repeats": "an n-gram's repeats in a row, less two",
          "recurrence": "how many more times a three-word phrase recurs than in the source", "copy": "the translation's chrF against its own source",
          "unused": "the fraction of source words no target word used",
+         "longness": "how much longer the translation is than its source's length leads to expect (log words)",
          "omission": "the omission score (the source the alignment leaves uncovered, and how unlikely ending there was)"}
 
 
@@ -337,6 +345,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "recurrence": float(recurrence(source, translation)),
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
         "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
+        "longness": max(0.0, math.log(len(tgt_words) + 1) - expected_length(src_n, calibration.get("length"))),
         # the mean entropy of the last layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": computed["attention_entropy"],
         "eos_logprob": computed["ending"],

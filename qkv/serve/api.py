@@ -54,7 +54,7 @@ class WordOut(BaseModel):
 
 class TrustOut(BaseModel):
     confidence: float = Field(description="0 to 1, higher is more trustworthy (docs/trust.md)")
-    flags: list[str] = Field(description="any of detached, partly-detached, repetition, recurrence, copy, omission")
+    flags: list[str] = Field(description="any of detached, partly-detached, repetition, recurrence, copy, omission, addition")
     why: dict[str, str] = Field(description="each flag's reason: its feature, value and threshold")
     features: dict[str, float] = Field(description="the signals the confidence is computed from")
     unused_source_words: list[int] = Field(description="0-based indices of the source words no target word used")

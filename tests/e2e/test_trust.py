@@ -55,13 +55,15 @@ def test_repeats_copies_and_the_measures_on_hand_made_cases():
 
 def test_synthetic_pairs_have_every_kind_and_the_construction_they_name():
     made = synthetic_pairs(SOURCES, REFERENCES)
-    assert [k for k, _, _ in made[:6]] == list(KINDS) and len(made) == 6 * len(SOURCES)
+    assert [k for k, _, _ in made[:7]] == list(KINDS) and len(made) == 7 * len(SOURCES)
     by_kind = {k: [(s, t) for kind, s, t in made if kind == k] for k in KINDS}
     assert by_kind["correct"] == list(zip(SOURCES, REFERENCES))
     assert all(t not in REFERENCES[i : i + 1] and t in REFERENCES for i, (_, t) in enumerate(by_kind["detached"]))
     assert all(s == t for s, t in by_kind["copy"])
     assert all(max_repeats(t.split()) >= 4 for _, t in by_kind["oscillation"])
     assert all(len(t.split()) == len(r.split()) // 2 for (_, t), r in zip(by_kind["omission"], REFERENCES))
+    for (_, t), r, (_, other) in zip(by_kind["addition"], REFERENCES, by_kind["detached"]):  # another's second half added
+        assert t == f"{r} {' '.join(other.split()[len(other.split()) // 2:])}" and len(t.split()) > len(r.split())
 
 
 def _trust(**features) -> Trust:
@@ -78,7 +80,7 @@ def test_fit_chooses_each_threshold_between_the_kinds_and_ranks_own_translations
             source_min=0.1 + noise if kind == "partly-detached" else 0.5 + noise,
             repeats=5.0 if kind == "oscillation" else 1.0, copy=0.95 if kind == "copy" else 0.2 + noise,
             uncovered=0.5 if kind == "omission" else noise / 2, eos_logprob=-3.0 if kind == "omission" else -0.1 - noise,
-            logprob_mean=-0.5 - noise))
+            longness=0.9 if kind == "addition" else noise, logprob_mean=-0.5 - noise))
     # The model's own translations: chrF falls as the log-probability does (with noise in between)
     own = [_trust(source_mean=0.6, source_min=0.5, copy=0.2, logprob_mean=-0.3 - i / 20 + (i % 3) / 10,
                   uncovered=(i % 5) / 100, eos_logprob=-0.1 - (i % 4) / 50) for i in range(60)]
@@ -86,7 +88,7 @@ def test_fit_chooses_each_threshold_between_the_kinds_and_ranks_own_translations
     calibration = fit(own, chrf, name="hand-made", made=made, kinds=kinds)
     for trust, kind in zip(made, kinds):
         expected = {"correct": [], "detached": ["detached"], "partly-detached": ["partly-detached"],
-                    "oscillation": ["repetition"], "copy": ["copy"], "omission": ["omission"]}[kind]
+                    "oscillation": ["repetition"], "copy": ["copy"], "omission": ["omission"], "addition": ["addition"]}[kind]
         assert flags_of(trust.features, calibration["thresholds"]) == expected, kind
     from qkv.inspect.trust import confidence_of
 
@@ -198,10 +200,10 @@ def test_confidence_through_translate_score_and_calibrate(model_dir, tmp_path, m
     assert result.returncode == 0, result.stderr
     calibration = calibration_of(model_dir)
     # 12 translations of the pairs (and 1 of two joined), too few to fit a confidence: log-probability only,
-    # the flags fitted on the 72 labelled pairs
+    # the flags fitted on the 84 labelled pairs (seven kinds of 12)
     n = calibration["own_translations"]  # the 12 pairs' translations and those of the joined pairs
     assert n > 12 and calibration["fitted_on"].startswith(f"{n} translations ({n - 12} of joined pairs) of")
-    assert calibration["kind"] == "logprob" and "72 labelled pairs" in calibration["fitted_on"]
+    assert calibration["kind"] == "logprob" and "84 labelled pairs" in calibration["fitted_on"]
     checkpoint.load(model_dir)  # the manifest covers the new file
     assert "already holds confidence.json: give --force" in run().stderr
     result = qkv("score", "--checkpoint", model_dir, "-i", src, "-r", ref, "--confidence", cwd=tmp_path)

@@ -22,7 +22,7 @@ from qkv.inspect.calibrate import (
 )
 from qkv.inspect.trust import (
     CAP_FACTOR, CONFIDENCE, FEATURES, FLAG_CAP, FLAGS, LOGPROB_ONLY, Trust, assess, assess_lines, calibration_of, char_repeats,
-    OLDER_FLAGS, check_calibration, confidence_of, ending_ids, flags_of, load_calibration, max_repeats, omission_score,
+    check_calibration, confidence_of, ending_ids, flags_of, load_calibration, max_repeats, omission_score,
     recurrence, uncovered, why_flagged,
 )
 from qkv.io import checkpoint
@@ -158,11 +158,13 @@ def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and
         t.features["copy"] = rng.uniform(0.0, 0.3)
         draw = rng.random()  # a phrase twice in about 3% of them, thrice in about 0.3%
         t.features["recurrence"] = 2.0 if draw < 0.003 else 1.0 if draw < 0.035 else 0.0
+        t.features["longness"] = rng.uniform(0.0, 0.5) if rng.random() < 0.05 else 0.0  # a few longer than expected
     made, kinds = _made(0.6, n=400)
     for t, kind in zip(made, kinds):
         t.features["repeats"] = 5.0 if kind == "oscillation" else 1.0
         t.features["copy"] = 0.95 if kind == "copy" else rng.uniform(0.0, 0.3)
         t.features["recurrence"] = rng.choice([2.0, 3.0]) if kind == "oscillation" else 0.0
+        t.features["longness"] = rng.uniform(0.3, 0.8) if kind == "addition" else 0.0
     calibration = fit(own, chrf, name="flags", made=made, kinds=kinds)
     alarms = calibration["false_alarms"]
     for flag in FLAGS:
@@ -173,6 +175,13 @@ def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and
     at = lambda cut: sum(t.features["recurrence"] >= cut for t in accepted) / len(accepted)  # noqa: E731
     assert at(1) > MAX_FALSE_ALARMS >= at(2) > 0
     assert calibration["thresholds"]["recurrence"] == 2.0 and alarms["recurrence"]["caught"] == 1.0
+    # addition: the lowest longness (of any pair) that at most 1% of the acceptable ones reach
+    cut = calibration["thresholds"]["addition"]
+    share = lambda c: sum(t.features["longness"] >= c for t in accepted) / len(accepted)  # noqa: E731
+    below = max(t.features["longness"] for t in accepted if t.features["longness"] < cut)  # the next acceptable value down
+    added = [t.features["longness"] for t, k in zip(made, kinds) if k == "addition"]
+    assert 0 < share(cut) <= MAX_FALSE_ALARMS < share(below) and not any(below < v < cut for v in added)
+    assert alarms["addition"]["caught"] == sum(v >= cut for v in added) / len(added) and 0.5 < alarms["addition"]["caught"] < 1.0
     assert alarms["repetition"]["caught"] == 1.0 and alarms["copy"]["caught"] == 1.0
     # detached made-up pairs read like the references (source_mean drawn alike): no cut catches half: never flags
     assert calibration["thresholds"]["detached"] is None and alarms["detached"]["caught"] == 0.0
@@ -315,15 +324,20 @@ def test_a_phrase_that_recurs_apart_is_counted_beyond_the_sources_own_repeats():
     assert time.monotonic() - started < 10
 
 
-def test_an_older_calibration_without_the_recurrence_flag_loads_and_never_raises_it(tmp_path):
+@pytest.mark.parametrize("missing", [("recurrence", "addition"), ("addition",)])
+def test_an_older_calibration_without_the_later_flags_loads_and_never_raises_them(tmp_path, missing):
+    """A calibration fitted before ``recurrence`` (2026-12-06) or before ``addition`` (2026-12-07) existed."""
     older = fit(*_own(300), name="normal")
-    older["thresholds"] = {k: v for k, v in older["thresholds"].items() if k in OLDER_FLAGS}
+    older["thresholds"] = {k: v for k, v in older["thresholds"].items() if k not in missing}
     path = tmp_path / "confidence.json"
     path.write_text(json.dumps(older))
     loaded = load_calibration(path)
-    assert loaded["thresholds"]["recurrence"] is None
-    assert "recurrence" not in flags_of({f: 0.0 for f in FEATURES} | {"recurrence": 50.0}, loaded["thresholds"])
-    assert "recurrence" in flags_of({f: 0.0 for f in FEATURES} | {"recurrence": 2.0}, loaded["thresholds"] | {"recurrence": 2.0})
+    features = {f: 0.0 for f in FEATURES} | {"recurrence": 50.0, "longness": 5.0}
+    for flag in missing:
+        assert loaded["thresholds"][flag] is None and flag not in flags_of(features, loaded["thresholds"])
+    assert {"recurrence", "addition"} <= set(flags_of(features, loaded["thresholds"] | {"recurrence": 2.0, "addition": 0.5}))
+    with pytest.raises(QkvError, match="not a calibration"):  # a flag every calibration has cannot be missing
+        check_calibration(older | {"thresholds": {k: v for k, v in older["thresholds"].items() if k != "copy"}}, "x")
 
 
 def test_ending_where_the_translation_ends_counts_its_full_stop(random_checkpoint):
