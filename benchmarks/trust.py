@@ -115,7 +115,8 @@ def synthetic(result: dict, model, tok, src: list[str], ref: list[str], calibrat
                "flagged": round(sum(flag in t.flags for t, (k, _, _) in zip(trusts, report) if k == kind) / len(by_kind[kind]), 4),
                "correct_flagged": round(sum(flag in t.flags for t, (k, _, _) in zip(trusts, report) if k == "correct") / len(by_kind["correct"]), 4)}
         for flag, (kind, _, _) in FLAG_OF.items()}
-
+    correct = [t for t, (k, _, _) in zip(trusts, report) if k == "correct"]
+    result["synthetic"]["references_flagged"] = [sum(bool(t.flags) for t in correct), len(correct)]  # by any flag
 
 
 def read_natural(directory: Path, data_dir: Path) -> tuple[list[str], list[str], list[str]]:

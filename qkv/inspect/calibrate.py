@@ -38,11 +38,12 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   whose label is known by construction: ``correct`` (the reference), ``detached`` (another sentence's
   reference), ``partly-detached`` (the reference's second half replaced by the second half of
   another's), ``oscillation`` (the reference cut and one of its n-grams looped), ``copy`` (the source
-  itself), ``omission`` (the reference's second half dropped) and ``addition`` (another reference's
-  second half added to the reference: what the ``addition`` flag names); ``repetition`` and ``recurrence`` both
+  itself), ``omission`` (the reference's second half dropped) and ``addition`` (another sentence's
+  reference added after the reference: a sentence the source does not hold); ``repetition`` and ``recurrence`` both
   name the looped kind. Each flag's threshold is the lowest
   cut that trips on at most ``MAX_FALSE_ALARMS`` of the model's own acceptable translations and at most
-  ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either; a flag that
+  ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either, moved halfway
+  down to the highest value of those pairs below it (which it flags the same way); a flag that
   catches less than ``MIN_CAUGHT`` of its kind there never flags (its false alarms would buy nothing).
   Each flag's measured rates are in the calibration's ``false_alarms``. References shorter than four
   words make no such pairs: the flags are then ``LOGPROB_ONLY``'s, which read the text alone.
@@ -107,7 +108,7 @@ def synthetic_pairs(sources: list[str], references: list[str], *, seed: int = 1)
             ("oscillation", src, " ".join(words[: start + n] + loop * 4)),
             ("copy", src, src),
             ("omission", src, " ".join(words[:half])),
-            ("addition", src, " ".join(words + other_words[len(other_words) // 2 :])),
+            ("addition", src, " ".join(words + other_words)),
         ]
     return out
 
@@ -145,12 +146,17 @@ def precision_at_recall(positive: list[float], negative: list[float], recall: fl
 
 
 def _threshold(positive: list[float], negative: list[float], max_false: float = MAX_FALSE_ALARMS) -> float:
-    """The lowest cut (flag at or above it) that flags at most ``max_false`` of the negatives (the correct
-    pairs) and more positives than negatives; infinity (never flag) when there is none."""
+    """A cut (flag at or above it) that flags at most ``max_false`` of the negatives (the correct pairs)
+    and more positives than negatives, placed halfway between the lowest value that does so and the
+    highest negative below it (the widest margin: between the two the fit has no value, so either
+    flags the same pairs; at the value itself, a feature that takes few values, such as a count of
+    repeats, would miss its kind one step short of what the made-up pairs hold); infinity (never flag)
+    when there is none."""
     for c in sorted(set(positive) | set(negative)):
         false = sum(s >= c for s in negative) / len(negative)
         if false <= max_false and sum(s >= c for s in positive) / len(positive) > false:
-            return c
+            below = [s for s in negative if s < c]
+            return (c + max(below)) / 2 if below else c
     return math.inf
 
 
@@ -309,8 +315,9 @@ def choose_combination(own: list[Trust], good: list[bool], made: list[Trust] = (
 def flag_threshold(flag: str, made: list[Trust], kinds: list[str], accepted: list[Trust], references: list[Trust]) -> float | None:
     """The threshold of ``flag`` (``flags_of``'s form; None: it never flags) on the kind it names: the lowest
     cut that trips on at most ``MAX_FALSE_ALARMS`` of the ``accepted`` translations and
-    ``MAX_FALSE_REFERENCES`` of the ``references``, and on more of its kind; None where that cut catches
-    less than ``MIN_CAUGHT`` of its kind."""
+    ``MAX_FALSE_REFERENCES`` of the ``references``, and on more of its kind, moved halfway down to the
+    highest value below it that those bounds keep unflagged (``_threshold``); None where that cut
+    catches less than ``MIN_CAUGHT`` of its kind."""
     kind, feature, sign = FLAG_OF[flag]
     pos = [sign * t.features[feature] for t, k in zip(made, kinds) if k == kind]
     cut = max(_threshold(pos, [sign * t.features[feature] for t in negatives], share)

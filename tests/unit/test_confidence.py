@@ -147,7 +147,7 @@ def test_a_flag_caps_only_where_capping_ranks_validation_better_in_and_out_of_fo
     for i, (t, c) in enumerate(zip(own, chrf)):  # now the loops fall on a few good translations only: capping ranks worse
         t.features["repeats"] = 8.0 if c >= 60 and i % 150 == 0 else 1.0
     worse = fit(own, chrf, name="loops on good lines", made=made, kinds=kinds)
-    assert worse["thresholds"]["repetition"] == 6.0 and worse["capping"] == []
+    assert worse["thresholds"]["repetition"] == 3.5 and worse["capping"] == []  # halfway from 1 (own) to 6 (made-up)
 
 
 def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and_the_references(tmp_path):
@@ -169,18 +169,21 @@ def test_each_flag_trips_on_at_most_its_share_of_the_acceptable_translations_and
     alarms = calibration["false_alarms"]
     for flag in FLAGS:
         assert alarms[flag]["own_acceptable"] <= MAX_FALSE_ALARMS and alarms[flag]["references"] <= MAX_FALSE_REFERENCES
-    assert calibration["thresholds"]["repetition"] == 5.0  # 2 repeats trips 5% of the acceptable ones: not a flag
+    # 2 repeats trips 5% of the acceptable ones: the cut lies above them, halfway to the made-up loops' 5
+    assert calibration["thresholds"]["repetition"] == 3.5
     # the lowest cut within 1% of the acceptable ones: 1 trips more of them, 2 few enough
     accepted = [t for t, c in zip(own, chrf) if c >= 50]
     at = lambda cut: sum(t.features["recurrence"] >= cut for t in accepted) / len(accepted)  # noqa: E731
     assert at(1) > MAX_FALSE_ALARMS >= at(2) > 0
-    assert calibration["thresholds"]["recurrence"] == 2.0 and alarms["recurrence"]["caught"] == 1.0
-    # addition: the lowest longness (of any pair) that at most 1% of the acceptable ones reach
+    assert calibration["thresholds"]["recurrence"] == 1.5 and alarms["recurrence"]["caught"] == 1.0  # halfway from 1 to 2
+    # addition: halfway between the lowest longness (of any pair) that at most 1% of the acceptable ones
+    # reach and the acceptable value below it, which more than 1% reach
     cut = calibration["thresholds"]["addition"]
     share = lambda c: sum(t.features["longness"] >= c for t in accepted) / len(accepted)  # noqa: E731
     below = max(t.features["longness"] for t in accepted if t.features["longness"] < cut)  # the next acceptable value down
     added = [t.features["longness"] for t, k in zip(made, kinds) if k == "addition"]
-    assert 0 < share(cut) <= MAX_FALSE_ALARMS < share(below) and not any(below < v < cut for v in added)
+    lowest = min(v for v in added + [t.features["longness"] for t in accepted] if v > cut)
+    assert cut == (below + lowest) / 2 and 0 < share(cut) <= MAX_FALSE_ALARMS < share(below)
     assert alarms["addition"]["caught"] == sum(v >= cut for v in added) / len(added) and 0.5 < alarms["addition"]["caught"] < 1.0
     assert alarms["repetition"]["caught"] == 1.0 and alarms["copy"]["caught"] == 1.0
     # detached made-up pairs read like the references (source_mean drawn alike): no cut catches half: never flags
