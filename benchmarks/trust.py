@@ -145,13 +145,12 @@ def natural_part(result: dict, model, tok, directory: Path, data_dir: Path, cali
     omissions = [t for t, lab in zip(trusts, labels) if lab == "omission"]
     rest = [t for t, lab in zip(trusts, labels) if lab not in hallucination | {"omission"}]  # neither
     correct = [t for t, lab in zip(trusts, labels) if lab == "correct"]
+    halluc = [t for t, lab in zip(trusts, labels) if lab in hallucination]
     result["natural"]["flags"] = {
-        "hallucinations_flagged": [sum(bool(t.flags) for t, lab in zip(trusts, labels) if lab in hallucination),
-                                   sum(lab in hallucination for lab in labels)],
+        "hallucinations_flagged": [sum(bool(t.flags) for t in halluc), len(halluc)],
         "correct_flagged": [sum(bool(t.flags) for t in correct), len(correct)],
         "omissions_flagged_omission": [sum("omission" in t.flags for t in omissions), len(omissions)],
         "correct_flagged_omission": [sum("omission" in t.flags for t in correct), len(correct)]}
-    halluc = [t for t, lab in zip(trusts, labels) if lab in hallucination]
     result["natural"]["by_flag"] = {  # each flag: the hallucinations it flags, those only it flags, the correct lines
         flag: {"hallucinations": sum(flag in t.flags for t in halluc), "only_it": sum(t.flags == [flag] for t in halluc),
                "correct": sum(flag in t.flags for t in correct), "omissions": sum(flag in t.flags for t in omissions)}

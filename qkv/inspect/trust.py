@@ -337,6 +337,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         coverage = by_word(aligned_rows)[:-1, :-1].sum(0).tolist()  # (W,): over the target tokens, the EOS's row left out
     unused = [j for j, u in enumerate(used) if not u]
     src_n, tgt_words = len(source.split()), translation.split()
+    longer = math.log(len(tgt_words) + 1) - expected_length(src_n, calibration.get("length"))  # log words beyond the expected
     features = {
         "logprob_mean": computed["logprob_mean"], "logprob_min": computed["logprob_min"], "logprob_std": computed["logprob_std"],
         "source_mean": computed["source_mean"], "source_min": computed["source_min"],
@@ -344,8 +345,7 @@ def _sentence(src_pieces: list[str], tgt_pieces: list[str], log_probs: list[floa
         "repeats": float(max(max_repeats(tgt_words), char_repeats(translation))), "copy": copy,
         "recurrence": float(recurrence(source, translation)),
         "length_ratio": abs(math.log((len(tgt_words) + 1) / (src_n + 1))),
-        "shortness": max(0.0, expected_length(src_n, calibration.get("length")) - math.log(len(tgt_words) + 1)),
-        "longness": max(0.0, math.log(len(tgt_words) + 1) - expected_length(src_n, calibration.get("length"))),
+        "shortness": max(0.0, -longer), "longness": max(0.0, longer),
         # the mean entropy of the last layer's cross-attention rows over log S (1: spread evenly; detached output spreads it)
         "attention_entropy": computed["attention_entropy"],
         "eos_logprob": computed["ending"],
