@@ -42,8 +42,9 @@ is **acceptable** when its sentence chrF against the reference is at least ``ACC
   reference added after the reference: a sentence the source does not hold); ``repetition`` and ``recurrence`` both
   name the looped kind. Each flag's threshold is the lowest
   cut that trips on at most ``MAX_FALSE_ALARMS`` of the model's own acceptable translations and at most
-  ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either, moved halfway
-  down to the highest value of those pairs below it (which it flags the same way); a flag that
+  ``MAX_FALSE_REFERENCES`` of the references, and flags more of its kind than of either, each bound's
+  cut moved halfway down to the highest value below it of the pairs that bound counts (so the bound
+  still holds) and the higher of the two taken; a flag that
   catches less than ``MIN_CAUGHT`` of its kind there never flags (its false alarms would buy nothing).
   Each flag's measured rates are in the calibration's ``false_alarms``. References shorter than four
   words make no such pairs: the flags are then ``LOGPROB_ONLY``'s, which read the text alone.
